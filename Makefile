@@ -1,0 +1,30 @@
+# Two entry points that set up everything they need (Debian packages, .venv, pip), idempotently:
+#   make run   - run the daemon (config: $CHANDRAD_CONFIG, /etc/chandrad/config.toml, or embedded defaults)
+#   make test  - the whole test suite (real Ghostscript, poppler, tesseract, SQLite, watchdog, vLLM on CPU)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: run test setup-run setup-test bench soak clean
+
+setup-run:
+	@VENV=$(VENV) scripts/setup.sh run
+
+setup-test:
+	@VENV=$(VENV) scripts/setup.sh test
+
+run: setup-run
+	$(VENV)/bin/chandrad run $(if $(CONFIG),--config $(CONFIG))
+
+# pytest exits 5 when it collects nothing; that is a failure here, like any other non-zero exit.
+test: setup-test
+	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS) -m "not soak" tests
+
+soak: setup-test
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m soak tests
+
+bench: setup-test
+	$(PY) bench/prepare.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,3 @@
+from chandrad.cli import main
+
+main()

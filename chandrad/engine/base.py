@@ -1,0 +1,51 @@
+"""The engine contract: a page image in, Chandra-format HTML out.
+
+Chandra HTML is a sequence of top-level layout ``div``s, each with ``data-label`` (Text,
+Section-Header, Table, Image, ...) and ``data-bbox="x0 y0 x1 y1"`` normalised to 0–1000 of the
+page. ``chandra.output`` turns it into Markdown, HTML and JSON chunks, whichever engine made it.
+Engines know nothing about files or folders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from PIL import Image
+
+
+@dataclass(frozen=True)
+class PageRequest:
+    doc_id: str
+    page_no: int
+    image: Image.Image
+    prompt_type: str = "ocr_layout"
+
+
+@dataclass(frozen=True)
+class PageResult:
+    html: str
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str = "stop"
+    retries: int = 0
+    latency_s: float = 0.0
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the daemon needs from an OCR engine.
+
+    ``ocr`` raises ``TransientError`` when the engine failed (worth retrying, maybe after a restart)
+    and ``PermanentError`` when this page can never succeed (e.g. it does not fit the model).
+    """
+
+    name: str
+    model: str
+
+    async def start(self) -> None:
+        """Load the model and answer a warm-up request; the daemon reports ready only after this."""
+
+    async def ocr(self, request: PageRequest) -> PageResult: ...
+
+    async def aclose(self) -> None: ...

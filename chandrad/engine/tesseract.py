@@ -1,0 +1,112 @@
+"""A CPU engine: tesseract's hOCR turned into Chandra-format layout blocks.
+
+For machines without a GPU (and for tests): each tesseract text block (``ocr_carea``) becomes a
+``Text`` div with its bounding box normalised to 0–1000, its paragraphs ``<p>`` elements with the
+lines joined, as Chandra writes them. It reads text, not layout semantics: no tables, headers or
+figures. One tesseract process per page, as many at once as there are cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import io
+import os
+import re
+import shutil
+import time
+
+from bs4 import BeautifulSoup
+
+from chandrad.engine.base import PageRequest, PageResult
+from chandrad.errors import PermanentError, TransientError
+
+_BBOX = re.compile(r"bbox (\d+) (\d+) (\d+) (\d+)")
+
+
+def _bbox(tag: object) -> tuple[int, int, int, int] | None:
+    match = _BBOX.search(tag.get("title", "")) if hasattr(tag, "get") else None  # type: ignore[union-attr]
+    return tuple(int(v) for v in match.groups()) if match else None  # type: ignore[return-value]
+
+
+def hocr_to_chandra_html(hocr: str, width: int, height: int) -> str:
+    """Convert tesseract hOCR into Chandra's layout-block HTML (bbox in 0–1000 page units)."""
+    soup = BeautifulSoup(hocr, "html.parser")
+    blocks = []
+    for area in soup.find_all(class_="ocr_carea"):
+        paragraphs = []
+        for par in area.find_all(class_="ocr_par"):
+            lines = []
+            for line in par.find_all(class_=re.compile(r"^ocr_(line|caption|textfloat|header)$")):
+                words = [w.get_text() for w in line.find_all(class_="ocrx_word") if w.get_text().strip()]
+                if words:
+                    lines.append(" ".join(words))
+            if lines:
+                paragraphs.append(html.escape(" ".join(lines), quote=False))
+        box = _bbox(area)
+        if not paragraphs or box is None:
+            continue
+        x0, y0, x1, y1 = box
+        scaled = (
+            round(x0 * 1000 / width), round(y0 * 1000 / height),
+            round(x1 * 1000 / width), round(y1 * 1000 / height),
+        )
+        body = "".join(f"<p>{text}</p>" for text in paragraphs)
+        blocks.append(f'<div data-bbox="{" ".join(map(str, scaled))}" data-label="Text">{body}</div>')
+    if not blocks:
+        return '<div data-bbox="0 0 1000 1000" data-label="Blank-Page"></div>'
+    return "\n".join(blocks)
+
+
+class TesseractEngine:
+    name = "tesseract"
+
+    def __init__(self, languages: str = "eng", timeout_s: float = 600.0, concurrency: int | None = None) -> None:
+        self.languages = languages
+        self.timeout_s = timeout_s
+        self.model = f"tesseract:{languages}"
+        self._slots = asyncio.Semaphore(concurrency or os.cpu_count() or 1)
+
+    async def start(self) -> None:
+        if shutil.which("tesseract") is None:
+            raise RuntimeError("tesseract is not installed: apt-get install tesseract-ocr tesseract-ocr-eng")
+        version = await self._run(["tesseract", "--version"], b"")
+        self.model = f"tesseract {version.decode(errors='replace').split()[1]}:{self.languages}"
+
+    async def _run(self, args: list[str], stdin: bytes) -> bytes:
+        # One thread per process: we run one process per core instead.
+        env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
+        proc = await asyncio.create_subprocess_exec(
+            *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=env,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(stdin), self.timeout_s)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise TransientError(f"tesseract took longer than {self.timeout_s:.0f} s", stage="engine") from None
+        except asyncio.CancelledError:
+            proc.kill()
+            await proc.wait()
+            raise
+        if proc.returncode != 0:
+            raise PermanentError(
+                f"tesseract could not read the page: {err.decode(errors='replace').strip()[-200:]}", stage="engine"
+            )
+        return out
+
+    async def ocr(self, request: PageRequest) -> PageResult:
+        started = time.monotonic()
+        gray = request.image.convert("L")
+        buffer = io.BytesIO()
+        gray.save(buffer, format="PPM")  # uncompressed: encoding PNG would cost more than OCR'ing it
+        async with self._slots:
+            hocr = await self._run(["tesseract", "-", "-", "-l", self.languages, "hocr"], buffer.getvalue())
+        return PageResult(
+            html=hocr_to_chandra_html(hocr.decode("utf-8", errors="replace"), gray.width, gray.height),
+            latency_s=time.monotonic() - started,
+        )
+
+    async def aclose(self) -> None:
+        return None

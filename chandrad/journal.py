@@ -1,0 +1,269 @@
+"""Durable state in SQLite (WAL): one row per document, one per finished page.
+
+The journal is the only authority on what has been seen, what is in progress, what is a duplicate
+and what must be retried: nothing of that lives in memory alone, so a crash or ``kill -9`` loses
+nothing. Each state transition is one commit. Calls are blocking: the daemon runs them in a
+thread (``Journal.call``), never on the event loop.
+
+A document's life: seen → settled → queued → preparing → inferring → publishing → published | failed.
+``seen`` lives in the watcher's memory (a name that has not settled is not a document yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from chandrad.errors import ConfigError
+
+STATES = ("settled", "queued", "preparing", "inferring", "publishing", "published", "failed")
+FINAL_STATES = ("published", "failed")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS documents (
+    id TEXT PRIMARY KEY,
+    inbox TEXT NOT NULL,
+    rel_path TEXT NOT NULL,
+    claimed_path TEXT,
+    sha256 TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL DEFAULT 0,
+    page_count INTEGER,
+    output_dir TEXT,
+    final_path TEXT,
+    error TEXT,
+    history TEXT NOT NULL DEFAULT '[]',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS documents_sha ON documents (sha256);
+CREATE INDEX IF NOT EXISTS documents_state ON documents (state);
+CREATE INDEX IF NOT EXISTS documents_path ON documents (inbox, rel_path);
+CREATE TABLE IF NOT EXISTS pages (
+    doc_id TEXT NOT NULL REFERENCES documents (id),
+    page_no INTEGER NOT NULL,
+    width INTEGER NOT NULL,
+    height INTEGER NOT NULL,
+    html TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    finish_reason TEXT NOT NULL DEFAULT '',
+    retries INTEGER NOT NULL DEFAULT 0,
+    latency_s REAL NOT NULL DEFAULT 0,
+    engine TEXT NOT NULL DEFAULT '',
+    model TEXT NOT NULL DEFAULT '',
+    image_names TEXT NOT NULL DEFAULT '[]',
+    chunks TEXT NOT NULL DEFAULT '[]',
+    PRIMARY KEY (doc_id, page_no)
+);
+"""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    inbox: str
+    rel_path: str
+    claimed_path: str | None
+    sha256: str
+    size: int
+    mtime_ns: int
+    state: str
+    attempts: int
+    next_attempt_at: float
+    page_count: int | None
+    output_dir: str | None
+    final_path: str | None
+    error: dict[str, Any] | None
+    history: list[dict[str, Any]]
+    created_at: float
+    updated_at: float
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Document:
+        values = dict(row)
+        values["error"] = json.loads(values["error"]) if values["error"] else None
+        values["history"] = json.loads(values["history"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class PageRecord:
+    doc_id: str
+    page_no: int
+    width: int
+    height: int
+    html: str
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str = ""
+    retries: int = 0
+    latency_s: float = 0.0
+    engine: str = ""
+    model: str = ""
+    image_names: tuple[str, ...] = ()
+    chunks: tuple[dict[str, Any], ...] = ()
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> PageRecord:
+        values = dict(row)
+        values["image_names"] = tuple(json.loads(values["image_names"]))
+        values["chunks"] = tuple(json.loads(values["chunks"]))
+        return cls(**values)
+
+
+class Journal:
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
+        try:
+            self._db = sqlite3.connect(path, timeout=10, check_same_thread=False, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # FULL: a commit that returned survives a power cut (NORMAL may lose the last ones in WAL mode).
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(SCHEMA)
+        except sqlite3.OperationalError as error:
+            raise ConfigError(
+                f"cannot open the journal {path}: {error}. If another chandrad uses this state_dir, stop it "
+                f"or give this instance its own state_dir"
+            ) from None
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a journal method off the event loop, one at a time."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+        self._executor.shutdown(wait=False)
+
+    def _execute(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> sqlite3.Cursor:
+        with self._lock:
+            return self._db.execute(sql, params)
+
+    # -- documents -------------------------------------------------------------------------------
+
+    def add_document(self, inbox: str, rel_path: str, sha256: str, size: int, mtime_ns: int) -> Document:
+        now = self._clock()
+        doc_id = uuid.uuid4().hex[:16]
+        self._execute(
+            "INSERT INTO documents (id, inbox, rel_path, sha256, size, mtime_ns, state, created_at, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, 'settled', ?, ?)",
+            (doc_id, inbox, rel_path, sha256, size, mtime_ns, now, now),
+        )
+        return self.get(doc_id)
+
+    def get(self, doc_id: str) -> Document:
+        row = self._execute("SELECT * FROM documents WHERE id = ?", (doc_id,)).fetchone()
+        if row is None:
+            raise KeyError(doc_id)
+        return Document.from_row(row)
+
+    def set_state(self, doc_id: str, state: str, **fields: Any) -> Document:
+        if state not in STATES:
+            raise ValueError(f"unknown state {state!r}")
+        assignments = ["state = :state", "updated_at = :now"]
+        params: dict[str, Any] = {"state": state, "now": self._clock(), "id": doc_id}
+        for key, value in fields.items():
+            if key in ("error", "history") and value is not None:
+                value = json.dumps(value)
+            assignments.append(f"{key} = :{key}")
+            params[key] = value
+        self._execute(f"UPDATE documents SET {', '.join(assignments)} WHERE id = :id", params)
+        return self.get(doc_id)
+
+    def record_attempt_failure(
+        self, doc_id: str, error: dict[str, Any], *, final: bool, retry_at: float = 0.0
+    ) -> Document:
+        """Append to the document's history; ``final`` marks it failed, else it is queued for ``retry_at``."""
+        doc = self.get(doc_id)
+        history = [*doc.history, error]
+        if final:
+            return self.set_state(doc_id, "failed", error=error, history=history, attempts=doc.attempts + 1)
+        return self.set_state(
+            doc_id, "queued", error=error, history=history, attempts=doc.attempts + 1, next_attempt_at=retry_at
+        )
+
+    def find_duplicate(self, sha256: str, exclude_id: str) -> Document | None:
+        """A document with the same content that is published or still in progress."""
+        row = self._execute(
+            "SELECT * FROM documents WHERE sha256 = ? AND id != ? AND state != 'failed' "
+            "ORDER BY created_at LIMIT 1",
+            (sha256, exclude_id),
+        ).fetchone()
+        return Document.from_row(row) if row else None
+
+    def find_same_file(self, inbox: str, rel_path: str, size: int, mtime_ns: int, path: str) -> Document | None:
+        """A document already accounted for that still sits at this name, unchanged: an original put
+        back after publishing (on_success = "keep"), or one chandrad could not move out of the inbox."""
+        row = self._execute(
+            "SELECT * FROM documents WHERE inbox = ? AND rel_path = ? AND size = ? AND mtime_ns = ? "
+            "AND ((state = 'published' AND final_path = ?) OR (state = 'failed' AND claimed_path IS NULL)) "
+            "ORDER BY created_at DESC LIMIT 1",
+            (inbox, rel_path, size, mtime_ns, path),
+        ).fetchone()
+        return Document.from_row(row) if row else None
+
+    def unfinished(self) -> list[Document]:
+        rows = self._execute(
+            "SELECT * FROM documents WHERE state NOT IN ('published', 'failed') ORDER BY created_at"
+        ).fetchall()
+        return [Document.from_row(row) for row in rows]
+
+    def counts(self) -> dict[str, int]:
+        rows = self._execute("SELECT state, COUNT(*) AS n FROM documents GROUP BY state").fetchall()
+        return {row["state"]: row["n"] for row in rows}
+
+    def recent(self, limit: int = 20, state: str | None = None) -> list[Document]:
+        if state:
+            rows = self._execute(
+                "SELECT * FROM documents WHERE state = ? ORDER BY updated_at DESC LIMIT ?", (state, limit)
+            ).fetchall()
+        else:
+            rows = self._execute("SELECT * FROM documents ORDER BY updated_at DESC LIMIT ?", (limit,)).fetchall()
+        return [Document.from_row(row) for row in rows]
+
+    # -- pages -----------------------------------------------------------------------------------
+
+    def record_page(self, page: PageRecord) -> None:
+        self._execute(
+            "INSERT OR REPLACE INTO pages (doc_id, page_no, width, height, html, prompt_tokens, output_tokens, "
+            "finish_reason, retries, latency_s, engine, model, image_names, chunks) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                page.doc_id, page.page_no, page.width, page.height, page.html, page.prompt_tokens,
+                page.output_tokens, page.finish_reason, page.retries, page.latency_s, page.engine,
+                page.model, json.dumps(list(page.image_names)), json.dumps(list(page.chunks)),
+            ),
+        )
+
+    def pages(self, doc_id: str) -> list[PageRecord]:
+        rows = self._execute("SELECT * FROM pages WHERE doc_id = ? ORDER BY page_no", (doc_id,)).fetchall()
+        return [PageRecord.from_row(row) for row in rows]
+
+    def done_page_numbers(self, doc_id: str) -> set[int]:
+        rows = self._execute("SELECT page_no FROM pages WHERE doc_id = ?", (doc_id,)).fetchall()
+        return {row["page_no"] for row in rows}
+
+    def drop_pages(self, doc_id: str) -> None:
+        """Page results are only needed until the document is published or failed."""
+        self._execute("DELETE FROM pages WHERE doc_id = ?", (doc_id,))

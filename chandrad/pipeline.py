@@ -1,0 +1,451 @@
+"""Where a file goes after it settles: intake → prepare → engine → publish, one document at a time.
+
+``Pipeline.intake`` turns a settled name into a journal row and claims the file (an atomic rename
+into the inbox's ``.chandrad/claimed/``), so a scanner re-using the name cannot touch it and no
+second daemon takes it. ``Pipeline.process`` carries a claimed document through the stages; every
+step is recorded in the journal before the filesystem move that follows it, and every move is
+idempotent, so a document interrupted anywhere (crash, ``kill -9``, SIGTERM) resumes where it was
+when ``process`` runs again. A document ends in exactly one place: its directory in the outbox (and
+the original in archive/, deleted or kept), or the original in failed/ beside ``<name>.error.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from structlog.contextvars import bound_contextvars
+
+from chandrad import prepare, publish
+from chandrad.config import InboxSettings, Settings
+from chandrad.engine.base import Engine, PageRequest
+from chandrad.errors import DocumentError, PermanentError, TransientError
+from chandrad.journal import Document, Journal, PageRecord
+from chandrad.watch import DAEMON_DIR, SettledFile
+
+log = structlog.get_logger("chandrad.pipeline")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    doc_id: str
+    state: str  # "published" | "failed" | "queued" (will be retried) | "skipped"
+    output_dir: Path | None = None
+    reason: str = ""
+
+
+def _now_iso(ts: float | None = None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts if ts is not None else time.time()))
+
+
+class Pipeline:
+    def __init__(
+        self,
+        settings: Settings,
+        journal: Journal,
+        engine: Engine,
+        *,
+        move_originals: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.journal = journal
+        self.engine = engine
+        # False for ``chandrad once``: files given on the command line are read where they are.
+        self.move_originals = move_originals
+        self._clock = clock
+        self.inboxes: dict[str, InboxSettings] = {inbox.name: inbox for inbox in settings.inbox}
+        self.page_slots = asyncio.Semaphore(settings.engine.max_pages_in_flight)
+        self.prepare_slots = asyncio.Semaphore(settings.prepare.workers)
+        self.pages_done = 0
+
+    def update_settings(self, settings: Settings) -> None:
+        """After a reload: documents of an inbox that vanished from the config keep its old settings."""
+        self.settings = settings
+        self.inboxes.update({inbox.name: inbox for inbox in settings.inbox})
+
+    # -- paths ---------------------------------------------------------------------------------
+
+    def claimed_path(self, inbox: InboxSettings, doc_id: str, rel_path: Path) -> Path:
+        return inbox.path / DAEMON_DIR / "claimed" / doc_id / publish.safe_component(rel_path.name)
+
+    def staging_dir(self, inbox: InboxSettings, doc_id: str) -> Path:
+        return inbox.outbox / publish.STAGING / doc_id / "doc"
+
+    def work_dir(self, doc_id: str) -> Path:
+        return self.settings.state_dir / "work" / doc_id
+
+    # -- intake --------------------------------------------------------------------------------
+
+    async def intake(self, settled: SettledFile) -> Document | None:
+        """Journal and claim a settled file. Returns the queued document, or None if nothing is to do."""
+        inbox, rel = settled.inbox, settled.rel_path
+        bound = log.bind(inbox=inbox.name, file=str(rel))
+        known = await self.journal.call(
+            self.journal.find_same_file, inbox.name, str(rel), settled.size, settled.mtime_ns, str(settled.path)
+        )
+        if known is not None:
+            return None  # a kept original, or a file we could not move: already accounted for
+        sha256 = ""
+        refusal: DocumentError | None = None
+        if settled.kind == "symlink":
+            refusal = PermanentError("it is a symbolic link; chandrad never follows links", stage="intake")
+        elif settled.kind == "special":
+            refusal = PermanentError("it is not a regular file (a pipe, socket or device)", stage="intake")
+        else:
+            try:
+                sha256 = await asyncio.to_thread(prepare.hash_file, settled.path)
+                st = settled.path.lstat()
+            except FileNotFoundError:
+                return None  # gone again before we got to it: nothing entered
+            except DocumentError as error:
+                refusal = error
+            else:
+                if (st.st_size, st.st_mtime_ns) != (settled.size, settled.mtime_ns):
+                    bound.info("file changed while it was read; waiting for it to settle again")
+                    return None
+        doc = await self.journal.call(
+            self.journal.add_document, inbox.name, str(rel), sha256, settled.size, settled.mtime_ns
+        )
+        claimed = self.claimed_path(inbox, doc.id, rel)
+        try:
+            await asyncio.to_thread(publish.move_durably, settled.path, claimed)
+        except FileNotFoundError:
+            await self.journal.call(
+                self.journal.set_state, doc.id, "failed",
+                error={"reason": "the file disappeared before chandrad could take it", "kind": "vanished"},
+            )
+            return None
+        except OSError as error:
+            reason = f"chandrad cannot move the file out of the inbox: {error.strerror}; give its user write access"
+            bound.error("cannot claim file", error=str(error))
+            await self.journal.call(
+                self.journal.set_state, doc.id, "failed", error={"reason": reason, "kind": "permanent"}
+            )
+            return None
+        doc = await self.journal.call(self.journal.set_state, doc.id, "queued", claimed_path=str(claimed))
+        bound.info("document queued", doc=doc.id, size=settled.size)
+        if refusal is not None:
+            await self.fail(doc, refusal)
+            return None
+        if inbox.duplicates == "skip":
+            twin = await self.journal.call(self.journal.find_duplicate, sha256, doc.id)
+            if twin is not None:
+                where = f"published to {twin.output_dir}" if twin.output_dir and twin.state == "published" else (
+                    "still being processed"
+                )
+                await self.fail(
+                    doc,
+                    PermanentError(
+                        f"it is identical to {twin.rel_path} (first seen {_now_iso(twin.created_at)}, {where}); "
+                        f"set duplicates = \"reprocess\" to process copies again",
+                        stage="dedupe",
+                    ),
+                    kind="duplicate",
+                )
+                return None
+        return doc
+
+    # -- one document --------------------------------------------------------------------------
+
+    async def process(self, doc_id: str) -> Outcome:
+        """Carry one claimed document as far as it goes: published, failed, or queued for a retry."""
+        doc = await self.journal.call(self.journal.get, doc_id)
+        inbox = self.inboxes[doc.inbox]
+        with bound_contextvars(doc=doc.id, inbox=inbox.name, file=doc.rel_path):
+            try:
+                return await self._process(doc, inbox)
+            except DocumentError as error:
+                return await self._handle_error(doc_id, error)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # a bug must not kill the daemon; it is retried, then failed
+                log.exception("unexpected error while processing")
+                return await self._handle_error(
+                    doc_id, TransientError(f"internal error: {type(error).__name__}: {error}", stage="internal")
+                )
+
+    async def _process(self, doc: Document, inbox: InboxSettings) -> Outcome:
+        started = time.monotonic()
+        assert doc.claimed_path is not None
+        claimed = Path(doc.claimed_path)
+        staging = self.staging_dir(inbox, doc.id)
+        if doc.state == "publishing" and doc.output_dir and not staging.exists() and Path(doc.output_dir).is_dir():
+            return await self._finish(doc, inbox)  # renamed into place before a crash: only the original is left
+        if not claimed.exists():
+            raise PermanentError("the claimed original disappeared from the inbox's .chandrad folder", stage="resume")
+
+        doc = await self.journal.call(self.journal.set_state, doc.id, "preparing")
+        async with self.prepare_slots:
+            prepared = await asyncio.to_thread(
+                prepare.prepare_document, claimed, self.work_dir(doc.id), inbox.compress,
+                self.settings.prepare, inbox.pdf_password,
+            )
+        doc = await self.journal.call(self.journal.set_state, doc.id, "inferring", page_count=prepared.page_count)
+        done = await self.journal.call(self.journal.done_page_numbers, doc.id)
+        log.info("document prepared", pages=prepared.page_count, done_before=len(done), kind=prepared.doc_type)
+        await self._infer_pages(doc, inbox, prepared, done, staging)
+
+        pages = await self.journal.call(self.journal.pages, doc.id)
+        stem = publish.safe_component(Path(doc.rel_path).stem)
+        files = publish.render_document(
+            stem,
+            [
+                publish.PageOutput(
+                    page_no=page.page_no, html=page.html, width=page.width, height=page.height,
+                    chunks=list(page.chunks), image_names=page.image_names,
+                    stats={
+                        "prompt_tokens": page.prompt_tokens, "output_tokens": page.output_tokens,
+                        "finish_reason": page.finish_reason, "retries": page.retries,
+                        "latency_s": round(page.latency_s, 3), "engine": page.engine, "model": page.model,
+                    },
+                )
+                for page in pages
+            ],
+            inbox.formats,
+            publish.document_metadata(doc.id, Path(doc.rel_path).name, inbox.name, self.engine.name, self.engine.model),
+        )
+        await self._publish(doc, inbox, staging, files, stem)
+        outcome = await self._finish(await self.journal.call(self.journal.get, doc.id), inbox)
+        log.info("document published", pages=len(pages), seconds=round(time.monotonic() - started, 2),
+                 output=str(outcome.output_dir))
+        return outcome
+
+    async def _infer_pages(
+        self, doc: Document, inbox: InboxSettings, prepared: prepare.PreparedDocument, done: set[int], staging: Path
+    ) -> None:
+        """Render pages one at a time and keep up to ``max_pages_in_flight`` of them at the engine."""
+        todo = [n for n in range(1, prepared.page_count + 1) if n not in done]
+
+        async def infer(page: prepare.PageImage) -> None:
+            try:
+                with bound_contextvars(page=page.page_no):
+                    request = PageRequest(doc.id, page.page_no, page.image, inbox.prompt_type)
+                    try:
+                        result = await asyncio.wait_for(
+                            self.engine.ocr(request), self.settings.engine.page_timeout_seconds
+                        )
+                    except TimeoutError:
+                        raise TransientError(
+                            f"page {page.page_no}: the engine did not answer within "
+                            f"{self.settings.engine.page_timeout_seconds:.0f} s", stage="engine",
+                        ) from None
+                    rendered = await asyncio.to_thread(
+                        publish.save_page_images, result.html, page.image, staging / "images"
+                    )
+                    await self.journal.call(
+                        self.journal.record_page,
+                        PageRecord(
+                            doc_id=doc.id, page_no=page.page_no, width=page.image.width, height=page.image.height,
+                            html=result.html, prompt_tokens=result.prompt_tokens, output_tokens=result.output_tokens,
+                            finish_reason=result.finish_reason, retries=result.retries, latency_s=result.latency_s,
+                            engine=self.engine.name, model=self.engine.model, image_names=rendered.image_names,
+                            chunks=tuple(rendered.chunks),
+                        ),
+                    )
+                    self.pages_done += 1
+                    log.info("page done", page=page.page_no, of=prepared.page_count,
+                             seconds=round(result.latency_s, 2), tokens=result.output_tokens)
+            finally:
+                self.page_slots.release()
+
+        staging.mkdir(parents=True, exist_ok=True)
+        try:
+            async with asyncio.TaskGroup() as group:
+                for page_no in todo:
+                    # Render the next page while earlier ones are at the engine; never more than one ahead.
+                    page = await asyncio.to_thread(prepared.render, page_no, self.settings.prepare)
+                    await self.page_slots.acquire()
+                    group.create_task(infer(page))
+                    del page
+        except BaseExceptionGroup as group_error:
+            raise _first_document_error(group_error) from None
+
+    async def _publish(
+        self, doc: Document, inbox: InboxSettings, staging: Path, files: dict[str, bytes], stem: str
+    ) -> None:
+        rel_dir = publish.safe_relative(Path(doc.rel_path)).parent
+        base = inbox.outbox
+        if inbox.date_prefix:
+            base = base / time.strftime("%Y/%m", time.localtime(doc.created_at))
+        for _ in range(100):
+            target = publish.free_name(base / rel_dir, stem, is_dir=True)
+            await self.journal.call(self.journal.set_state, doc.id, "publishing", output_dir=str(target))
+            try:
+                await asyncio.to_thread(publish.publish_directory, staging, files, target)
+                return
+            except OSError as error:
+                if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    continue  # another document took the name a moment ago: pick the next free one
+                if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise TransientError("the outbox's disk is full", stage="publish") from None
+                raise TransientError(f"cannot write to the outbox: {error.strerror}", stage="publish") from None
+        raise TransientError("no free output name found", stage="publish")
+
+    async def _finish(self, doc: Document, inbox: InboxSettings) -> Outcome:
+        """The outputs are in place: archive, delete or keep the original, then mark the document published."""
+        claimed = Path(doc.claimed_path) if doc.claimed_path else None
+        if self.move_originals and claimed is not None:
+            if inbox.on_success == "delete":
+                claimed.unlink(missing_ok=True)
+            else:
+                folder = inbox.archive if inbox.on_success == "archive" else inbox.path
+                assert folder is not None
+                target = Path(doc.final_path) if doc.final_path else None
+                if target is None:
+                    rel = publish.safe_relative(Path(doc.rel_path))
+                    target = publish.free_name(folder / rel.parent, rel.name)
+                    await self.journal.call(self.journal.set_state, doc.id, "publishing", final_path=str(target))
+                if claimed.exists():
+                    await asyncio.to_thread(publish.move_durably, claimed, target)
+        await self.journal.call(self.journal.set_state, doc.id, "published", error=None)
+        await self._cleanup(doc, inbox)
+        return Outcome(doc.id, "published", Path(doc.output_dir) if doc.output_dir else None)
+
+    # -- failure -------------------------------------------------------------------------------
+
+    async def _handle_error(self, doc_id: str, error: DocumentError) -> Outcome:
+        doc = await self.journal.call(self.journal.get, doc_id)
+        attempts = doc.attempts + 1
+        if error.permanent or attempts >= self.settings.max_attempts:
+            return await self.fail(doc, error)
+        delay = self.settings.retry_backoff_seconds * (2 ** (attempts - 1))
+        entry = self._error_entry(doc, error, attempts)
+        await self.journal.call(
+            self.journal.record_attempt_failure, doc.id, entry, final=False, retry_at=self._clock() + delay
+        )
+        log.warning("document will be retried", reason=error.reason, stage=error.stage, attempt=attempts,
+                    retry_in_s=round(delay, 1))
+        return Outcome(doc.id, "queued", reason=error.reason)
+
+    def _error_entry(self, doc: Document, error: DocumentError, attempts: int, kind: str | None = None) -> dict[str, Any]:
+        return {
+            "reason": error.reason,
+            "kind": kind or error.kind,
+            "stage": error.stage,
+            "attempt": attempts,
+            "at": _now_iso(self._clock()),
+            **({"detail": error.detail} if error.detail else {}),
+        }
+
+    async def fail(self, doc: Document, error: DocumentError, kind: str | None = None) -> Outcome:
+        """Move the original to failed/ with ``<name>.error.json`` beside it, and mark the document failed."""
+        inbox = self.inboxes[doc.inbox]
+        attempts = doc.attempts + 1
+        entry = self._error_entry(doc, error, attempts, kind)
+        history = [*doc.history, entry]
+        claimed = Path(doc.claimed_path) if doc.claimed_path else None
+        target = Path(doc.final_path) if doc.final_path else None
+        if self.move_originals and claimed is not None:
+            if target is None:
+                rel = publish.safe_relative(Path(doc.rel_path))
+                target = publish.free_name(inbox.failed / rel.parent, rel.name)
+                await self.journal.call(self._record_final_path, doc.id, str(target))
+            report = {
+                "file": Path(doc.rel_path).name,
+                "inbox": inbox.name,
+                "original_path": doc.rel_path,
+                "reason": error.reason,
+                "kind": entry["kind"],
+                "stage": error.stage,
+                "attempts": attempts,
+                "sha256": doc.sha256 or None,
+                "doc_id": doc.id,
+                "first_seen": _now_iso(doc.created_at),
+                "failed_at": entry["at"],
+                "history": history,
+                "what_to_do": _advice(entry["kind"]),
+            }
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                publish.write_file_durably(
+                    target.with_name(target.name + ".error.json"),
+                    (json.dumps(report, ensure_ascii=False, indent=2) + "\n").encode("utf-8"),
+                )
+                if claimed.exists() or claimed.is_symlink():
+                    await asyncio.to_thread(publish.move_durably, claimed, target)
+            except OSError as move_error:
+                log.error("cannot move the original to failed/", error=str(move_error))
+                return Outcome(doc.id, "queued", reason=f"cannot write to failed/: {move_error.strerror}")
+        await self.journal.call(
+            self.journal.record_attempt_failure, doc.id, entry, final=True
+        )
+        await self._cleanup(doc, inbox)
+        log.warning("document failed", reason=error.reason, stage=error.stage, kind=entry["kind"],
+                    moved_to=str(target) if target else None)
+        return Outcome(doc.id, "failed", reason=error.reason)
+
+    def _record_final_path(self, doc_id: str, final_path: str) -> None:
+        doc = self.journal.get(doc_id)
+        self.journal.set_state(doc_id, doc.state, final_path=final_path)
+
+    async def _cleanup(self, doc: Document, inbox: InboxSettings) -> None:
+        await self.journal.call(self.journal.drop_pages, doc.id)
+        staging_root = self.staging_dir(inbox, doc.id).parent
+        await asyncio.to_thread(shutil.rmtree, staging_root, True)
+        await asyncio.to_thread(prepare.cleanup, self.work_dir(doc.id))
+        if doc.claimed_path and self.move_originals:
+            try:
+                os.rmdir(Path(doc.claimed_path).parent)
+            except OSError:
+                pass
+
+    # -- recovery ------------------------------------------------------------------------------
+
+    async def recover(self) -> list[str]:
+        """After a crash: finish claims, and return the ids of documents to process again."""
+        resumable = []
+        for doc in await self.journal.call(self.journal.unfinished):
+            inbox = self.inboxes.get(doc.inbox)
+            if inbox is None:
+                log.warning("document belongs to an inbox no longer configured; leaving it", doc=doc.id)
+                continue
+            if doc.state == "settled":
+                source = inbox.path / doc.rel_path
+                claimed = self.claimed_path(inbox, doc.id, Path(doc.rel_path))
+                if not claimed.exists():
+                    if source.exists() or source.is_symlink():
+                        await asyncio.to_thread(publish.move_durably, source, claimed)
+                    else:
+                        await self.journal.call(
+                            self.journal.set_state, doc.id, "failed",
+                            error={"reason": "the file disappeared before chandrad could take it", "kind": "vanished"},
+                        )
+                        continue
+                await self.journal.call(self.journal.set_state, doc.id, "queued", claimed_path=str(claimed))
+            elif doc.state in ("preparing", "inferring"):
+                await self.journal.call(self.journal.set_state, doc.id, "queued")
+            resumable.append(doc.id)
+        if resumable:
+            log.info("resuming documents interrupted by a stop or crash", count=len(resumable))
+        return resumable
+
+
+def _first_document_error(group: BaseExceptionGroup) -> BaseException:
+    """The most telling error of a failed page group: a DocumentError, else whatever broke first."""
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            return _first_document_error(error)
+        if isinstance(error, DocumentError):
+            return error
+    for error in group.exceptions:
+        if not isinstance(error, asyncio.CancelledError):
+            return error
+    return group.exceptions[0]
+
+
+def _advice(kind: str) -> str:
+    return {
+        "permanent": "Fix or replace the file and drop it into the inbox again.",
+        "transient": "Nothing was wrong with the file itself; drop it into the inbox again to retry.",
+        "duplicate": "Nothing to do: this content was already processed.",
+    }.get(kind, "Drop the file into the inbox again to retry.")

@@ -1,0 +1,219 @@
+"""Page results → one document directory in the outbox, all or nothing; then the original's last move.
+
+Rendering is pure (``render_document``) and uses ``chandra.output``, the model's own parser, so
+our Markdown/HTML/JSON are what the ``chandra`` CLI would write. Writing is one function
+(``publish_directory``): everything goes into a staging directory on the outbox's filesystem,
+each file and the directory are fsynced, the directory is renamed into place and the parent
+fsynced. A reader of the outbox sees a whole document or none of it.
+
+Nothing here writes outside the outbox, archive or failed folders: every name coming from an
+inbox passes through ``safe_component``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import time
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import Any
+
+from chandra.output import extract_images, parse_chunks, parse_html, parse_markdown
+from PIL import Image
+
+from chandrad import __version__
+
+STAGING = ".chandrad/staging"
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f/\\:*?\"<>|]+")
+_MAX_NAME_BYTES = 180
+
+
+def safe_component(name: str) -> str:
+    """One path component that is safe on Linux and SMB clients: no separators, controls or dots-only."""
+    # Names arrive from os.fsdecode: undecodable bytes are surrogates; make them visible, not fatal.
+    name = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    name = unicodedata.normalize("NFC", name)
+    name = _UNSAFE.sub("_", name).strip().strip(".")
+    while len(name.encode("utf-8")) > _MAX_NAME_BYTES:
+        name = name[:-1]
+    return name or "document"
+
+
+def safe_relative(rel_path: PurePath) -> Path:
+    """A relative path made of safe components only (``..`` and absolute parts cannot survive)."""
+    parts = [safe_component(part) for part in rel_path.parts if part not in ("", ".", "..", "/")]
+    return Path(*parts) if parts else Path("document")
+
+
+def free_name(folder: Path, name: str, is_dir: bool = False) -> Path:
+    """``folder/name``, or ``folder/name (2)`` etc. if taken: nothing earlier is ever overwritten."""
+    candidate = folder / name
+    stem, suffix = (name, "") if is_dir else (Path(name).stem, Path(name).suffix)
+    counter = 2
+    while candidate.exists() or candidate.is_symlink():
+        candidate = folder / f"{stem} ({counter}){suffix}"
+        counter += 1
+    return candidate
+
+
+# -- rendering (pure) ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RenderedPage:
+    """What is kept of a page once its image is gone: chunks carry pixel bboxes for the JSON."""
+
+    chunks: list[dict[str, Any]]
+    image_names: tuple[str, ...]
+
+
+def save_page_images(html: str, image: Image.Image, images_dir: Path) -> RenderedPage:
+    """Crop the page's Image/Figure blocks into ``images_dir``; return the chunks for the JSON."""
+    chunks = parse_chunks(html, image)
+    crops = extract_images(html, chunks, image)
+    if crops:
+        images_dir.mkdir(parents=True, exist_ok=True)
+    for crop_name, crop in crops.items():
+        target = images_dir / crop_name
+        with open(target, "wb") as handle:
+            crop.save(handle, format="WEBP")
+            handle.flush()
+            os.fsync(handle.fileno())
+    return RenderedPage(chunks=chunks, image_names=tuple(crops))
+
+
+@dataclass(frozen=True)
+class PageOutput:
+    page_no: int
+    html: str
+    width: int
+    height: int
+    chunks: list[dict[str, Any]]
+    image_names: tuple[str, ...]
+    stats: dict[str, Any]
+
+
+def _point_images_into_folder(text: str, image_names: Iterable[str]) -> str:
+    for name in image_names:
+        text = text.replace(name, f"images/{name}")
+    return text
+
+
+def render_document(
+    stem: str, pages: list[PageOutput], formats: Iterable[str], metadata: dict[str, Any]
+) -> dict[str, bytes]:
+    """File name → contents for one document (no images: those were written page by page)."""
+    formats = set(formats)
+    files: dict[str, bytes] = {}
+    if "md" in formats:
+        markdown = "\n\n".join(
+            _point_images_into_folder(parse_markdown(page.html), page.image_names) for page in pages
+        )
+        files[f"{stem}.md"] = (markdown.strip() + "\n").encode("utf-8")
+    if "html" in formats:
+        body = "\n".join(
+            f'<div class="page" data-page="{page.page_no}">\n'
+            f"{_point_images_into_folder(parse_html(page.html), page.image_names)}\n</div>"
+            for page in pages
+        )
+        files[f"{stem}.html"] = body.encode("utf-8")
+    if "json" in formats:
+        document = {
+            **metadata,
+            "num_pages": len(pages),
+            "total_prompt_tokens": sum(page.stats.get("prompt_tokens", 0) for page in pages),
+            "total_output_tokens": sum(page.stats.get("output_tokens", 0) for page in pages),
+            "pages": [
+                {
+                    "page": page.page_no,
+                    "page_box": [0, 0, page.width, page.height],
+                    **page.stats,
+                    "chunks": [
+                        {**chunk, "content": _point_images_into_folder(chunk["content"], page.image_names)}
+                        for chunk in page.chunks
+                    ],
+                    "images": [f"images/{name}" for name in page.image_names],
+                }
+                for page in pages
+            ],
+        }
+        files[f"{stem}.json"] = json.dumps(document, ensure_ascii=False, indent=2).encode("utf-8")
+    return files
+
+
+def document_metadata(doc_id: str, source_name: str, inbox: str, engine: str, model: str) -> dict[str, Any]:
+    return {
+        "doc_id": doc_id,
+        "file_name": source_name,
+        "inbox": inbox,
+        "engine": engine,
+        "model": model,
+        "chandrad_version": __version__,
+        "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+# -- writing (the one atomic step) ---------------------------------------------------------------
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_durably(path: Path, data: bytes) -> None:
+    """Write via a temporary name, fsync, rename: the name shows either nothing or all of it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def publish_directory(staging_dir: Path, files: dict[str, bytes], target: Path) -> None:
+    """Write ``files`` into ``staging_dir``, make it durable, and rename it to ``target`` (must not exist)."""
+    staging_dir.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        with open(staging_dir / name, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    images_dir = staging_dir / "images"
+    if images_dir.is_dir():
+        fsync_dir(images_dir)
+    fsync_dir(staging_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(staging_dir, target)
+    fsync_dir(target.parent)
+    fsync_dir(staging_dir.parent)
+
+
+def move_durably(source: Path, target: Path) -> None:
+    """Rename ``source`` to ``target`` (same filesystem) and make both directory entries durable."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(source, target)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+        # Inbox on one filesystem, archive on another: copy durably, then remove the original.
+        tmp = target.with_name(f".{target.name}.tmp")
+        shutil.copyfile(source, tmp, follow_symlinks=False)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.rename(tmp, target)
+        fsync_dir(target.parent)
+        source.unlink()
+    fsync_dir(target.parent)
+    fsync_dir(source.parent)

@@ -1,0 +1,321 @@
+"""Turn filesystem activity in an inbox into *settled* candidate files.
+
+Sources of "something may have changed here": watchdog events (inotify, or polling where inotify
+cannot see remote writes), a scan at start-up and a periodic rescan that catches whatever events
+were lost. None of them is trusted to say a file is complete: a file is settled once its size and
+mtime have stayed unchanged for ``settle_seconds``. The tracker resets on every change and never
+gives up, so a scanner that writes for ten minutes is simply waited for.
+
+This module never opens a document: it only ``lstat``s names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import os
+import stat
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import structlog
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
+from watchdog.observers.polling import PollingObserver
+
+from chandrad.config import InboxSettings
+
+log = structlog.get_logger("chandrad.watch")
+
+# The daemon's own bookkeeping inside an inbox (claimed files live here while they are processed).
+DAEMON_DIR = ".chandrad"
+
+# Junk that operating systems, office suites, sync tools and browsers leave in shared folders,
+# and names that mean "still being written".
+BUILTIN_IGNORED_NAMES = (
+    ".DS_Store", "._*", "Thumbs.db", "desktop.ini", "~$*", ".~lock*",
+    "*.part", "*.tmp", "*.crdownload", "*.partial", "*.download", "*.swp",
+)
+BUILTIN_IGNORED_DIRS = ("@eaDir", ".stfolder", ".stversions", "$RECYCLE.BIN", "#recycle", DAEMON_DIR)
+
+# Mounts on which inotify does not report writes made by other hosts.
+REMOTE_FS_TYPES = ("cifs", "smb3", "smbfs", "nfs", "nfs4", "9p", "afs", "ceph", "glusterfs", "davfs")
+
+
+@dataclass(frozen=True)
+class IgnoreRules:
+    """Which names in an inbox are never documents. Patterns match one path component."""
+
+    include: tuple[str, ...] = ("*",)
+    ignore: tuple[str, ...] = ()
+
+    @classmethod
+    def for_inbox(cls, inbox: InboxSettings) -> IgnoreRules:
+        return cls(include=inbox.include, ignore=inbox.ignore)
+
+    def dir_ignored(self, name: str) -> bool:
+        return name.startswith(".") or any(fnmatch.fnmatchcase(name, pat) for pat in BUILTIN_IGNORED_DIRS)
+
+    def file_ignored(self, name: str) -> bool:
+        if name.startswith("."):
+            return True
+        if any(fnmatch.fnmatchcase(name, pat) for pat in BUILTIN_IGNORED_NAMES):
+            return True
+        lowered = name.lower()
+        if any(fnmatch.fnmatchcase(lowered, pat.lower()) for pat in self.ignore):
+            return True
+        return not any(fnmatch.fnmatchcase(lowered, pat.lower()) for pat in self.include)
+
+    def ignored(self, rel_path: Path) -> bool:
+        *dirs, name = rel_path.parts
+        return any(self.dir_ignored(part) for part in dirs) or self.file_ignored(name)
+
+
+FileKind = Literal["regular", "symlink", "special"]
+
+
+@dataclass(frozen=True)
+class SettledFile:
+    """A name in an inbox whose size and mtime stopped changing."""
+
+    inbox: InboxSettings
+    path: Path
+    rel_path: Path
+    size: int
+    mtime_ns: int
+    kind: FileKind
+
+
+@dataclass
+class _Observation:
+    size: int
+    mtime_ns: int
+    kind: FileKind
+    unchanged_since: float
+
+
+class SettleTracker:
+    """Pure bookkeeping of candidate files; the clock is passed in, so tests need no sleeping."""
+
+    def __init__(self, settle_seconds: float) -> None:
+        self.settle_seconds = settle_seconds
+        self._seen: dict[Path, _Observation] = {}
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def __contains__(self, path: Path) -> bool:
+        return path in self._seen
+
+    def observe(self, path: Path, size: int, mtime_ns: int, kind: FileKind, now: float) -> None:
+        previous = self._seen.get(path)
+        if previous is None or (previous.size, previous.mtime_ns, previous.kind) != (size, mtime_ns, kind):
+            self._seen[path] = _Observation(size, mtime_ns, kind, unchanged_since=now)
+
+    def forget(self, path: Path) -> None:
+        self._seen.pop(path, None)
+
+    def paths(self) -> list[Path]:
+        return list(self._seen)
+
+    def pop_settled(self, now: float) -> list[tuple[Path, _Observation]]:
+        settled = [
+            (path, obs) for path, obs in self._seen.items() if now - obs.unchanged_since >= self.settle_seconds
+        ]
+        for path, _ in settled:
+            del self._seen[path]
+        return settled
+
+
+def classify(st: os.stat_result) -> FileKind | None:
+    if stat.S_ISREG(st.st_mode):
+        return "regular"
+    if stat.S_ISLNK(st.st_mode):
+        return "symlink"
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    return "special"  # FIFO, socket, device node
+
+
+def mount_fs_type(path: Path) -> str:
+    """The filesystem type of the mount holding ``path`` (longest mount point prefix wins)."""
+    resolved = str(path.resolve())
+    best, best_type = "", ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mountinfo:
+            for line in mountinfo:
+                fields = line.split()
+                mount_point = fields[4].replace("\\040", " ")
+                fs_type = fields[fields.index("-") + 1]
+                inside = resolved == mount_point or resolved.startswith(mount_point.rstrip("/") + "/")
+                if inside and len(mount_point) >= len(best):
+                    best, best_type = mount_point, fs_type
+    except OSError:
+        return ""
+    return best_type
+
+
+def wants_polling(inbox: InboxSettings) -> bool:
+    if isinstance(inbox.polling, bool):
+        return inbox.polling
+    fs_type = mount_fs_type(inbox.path)
+    return fs_type in REMOTE_FS_TYPES or fs_type.startswith("fuse")
+
+
+class _DirtyPaths(FileSystemEventHandler):
+    """Watchdog handler: runs on the observer thread and only hands paths to the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sink: Callable[[Path, bool], None]) -> None:
+        self._loop = loop
+        self._sink = sink
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.event_type in ("deleted", "closed_no_write", "opened"):
+            return
+        for raw in (event.src_path, getattr(event, "dest_path", "")):
+            if raw:
+                path = Path(os.fsdecode(raw))
+                self._loop.call_soon_threadsafe(self._sink, path, event.is_directory)
+
+
+class InboxWatcher:
+    """Watches one inbox and hands each settled file to ``emit``."""
+
+    def __init__(
+        self,
+        inbox: InboxSettings,
+        emit: Callable[[SettledFile], Awaitable[None]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.inbox = inbox
+        self.rules = IgnoreRules.for_inbox(inbox)
+        self.tracker = SettleTracker(inbox.settle_seconds)
+        self.polling = wants_polling(inbox)
+        self._emit = emit
+        self._clock = clock
+        self._observer: BaseObserver | None = None
+        self._dirs_to_scan: set[Path] = set()
+        self.last_tick = clock()
+        self.log = log.bind(inbox=inbox.name)
+
+    def _rel(self, path: Path) -> Path | None:
+        try:
+            rel = path.relative_to(self.inbox.path)
+        except ValueError:
+            return None
+        if rel == Path(".") or (not self.inbox.recursive and len(rel.parts) > 1):
+            return None
+        return rel
+
+    def _candidate(self, path: Path, is_directory: bool = False) -> None:
+        rel = self._rel(path)
+        if rel is None:
+            return
+        if is_directory:
+            if not any(self.rules.dir_ignored(part) for part in rel.parts):
+                self._dirs_to_scan.add(path)
+            return
+        if self.rules.ignored(rel):
+            return
+        self._observe(path)
+
+    def _observe(self, path: Path, st: os.stat_result | None = None) -> None:
+        if st is None:
+            try:
+                st = path.lstat()
+            except OSError:
+                self.tracker.forget(path)
+                return
+        kind = classify(st)
+        if kind is None:
+            if self.inbox.recursive:
+                self._dirs_to_scan.add(path)
+            self.tracker.forget(path)
+            return
+        self.tracker.observe(path, st.st_size, st.st_mtime_ns, kind, self._clock())
+
+    def walk(self, top: Path) -> Iterator[Path]:
+        """Every non-ignored name under ``top``; never follows symlinked directories."""
+        try:
+            entries = list(os.scandir(top))
+        except OSError:
+            return
+        for entry in entries:
+            path = Path(entry.path)
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            if is_dir:
+                if self.inbox.recursive and not self.rules.dir_ignored(entry.name):
+                    yield from self.walk(path)
+            elif not self.rules.file_ignored(entry.name):
+                yield path
+
+    def stat_tree(self, top: Path | None = None) -> list[tuple[Path, os.stat_result]]:
+        """lstat every candidate under ``top``; safe to run in a worker thread (touches no state)."""
+        found = []
+        for path in self.walk(top or self.inbox.path):
+            try:
+                found.append((path, path.lstat()))
+            except OSError:
+                continue
+        return found
+
+    def scan(self, top: Path | None = None) -> None:
+        for path, st in self.stat_tree(top):
+            self._observe(path, st)
+
+    def start_observer(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.polling:
+            observer: BaseObserver = PollingObserver(timeout=self.inbox.poll_interval_seconds)
+        else:
+            observer = Observer()
+        observer.schedule(_DirtyPaths(loop, self._candidate), str(self.inbox.path), recursive=self.inbox.recursive)
+        observer.daemon = True
+        observer.start()
+        self._observer = observer
+
+    def stop_observer(self) -> None:
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=5)
+            self._observer = None
+
+    async def tick(self) -> None:
+        """Re-stat what is being tracked and emit what has settled."""
+        self.last_tick = self._clock()
+        while self._dirs_to_scan:
+            self.scan(self._dirs_to_scan.pop())
+        for path in self.tracker.paths():
+            self._observe(path)
+        for path, obs in self.tracker.pop_settled(self._clock()):
+            rel = self._rel(path)
+            if rel is not None:
+                await self._emit(SettledFile(self.inbox, path, rel, obs.size, obs.mtime_ns, obs.kind))
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.start_observer(loop)
+        self.log.info(
+            "watching inbox",
+            path=str(self.inbox.path),
+            mode="polling" if self.polling else "inotify",
+            settle_seconds=self.inbox.settle_seconds,
+        )
+        tick_every = min(1.0, max(0.1, self.inbox.settle_seconds / 4))
+        next_rescan = self._clock()
+        try:
+            while True:
+                if self._clock() >= next_rescan:
+                    for path, st in await asyncio.to_thread(self.stat_tree):
+                        self._observe(path, st)
+                    next_rescan = self._clock() + self.inbox.rescan_seconds
+                await self.tick()
+                await asyncio.sleep(tick_every)
+        finally:
+            self.stop_observer()
