@@ -1,0 +1,155 @@
+"""Shared fixtures: the real daemon as a subprocess, corpus access, and a polling helper."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO.parent / "shared" / "corpus"
+
+
+def corpus_file(name: str) -> Path:
+    path = CORPUS / name
+    if not path.exists():
+        pytest.fail(f"test corpus file {path} is missing: the shared corpus must sit beside the repository")
+    return path
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.2) -> object:
+    """Poll until ``predicate`` is truthy; fail the test naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class DaemonProcess:
+    """``chandrad run`` in a child process, on a throwaway inbox/outbox/archive/failed tree."""
+
+    def __init__(self, root: Path, extra_config: str = "", inbox_config: str = "") -> None:
+        self.root = root
+        self.inbox = root / "inbox"
+        self.outbox = root / "outbox"
+        self.archive = root / "archive"
+        self.failed = root / "failed"
+        self.state = root / "state"
+        self.config = root / "config.toml"
+        self.log_path = root / "daemon.log"
+        self.config.write_text(
+            f'state_dir = "{self.state}"\nlog_format = "json"\nretry_backoff_seconds = 1\n{extra_config}\n'
+            f'[engine]\nkind = "tesseract"\n\n'
+            f'[[inbox]]\npath = "{self.inbox}"\nrescan_seconds = 5\n{inbox_config}\n'
+            + ("" if "settle_seconds" in inbox_config else "settle_seconds = 1\n")
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> DaemonProcess:
+        log = open(self.log_path, "ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "chandrad", "run", "--config", str(self.config)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root,
+        )
+        wait_for(lambda: any(e.get("event") == "watching inbox" for e in self.events()) or self._died(),
+                 60, "the daemon to start watching")
+        assert self.alive, f"daemon exited at start:\n{self.log_path.read_text()[-3000:]}"
+        return self
+
+    def _died(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def events(self) -> list[dict]:
+        if not self.log_path.exists():
+            return []
+        events = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return events
+
+    def stop(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def journal_rows(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
+        db_path = self.state / "journal.sqlite3"
+        if not db_path.exists():
+            return []
+        db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5)
+        db.row_factory = sqlite3.Row
+        try:
+            return db.execute(sql, params).fetchall()
+        except sqlite3.OperationalError:
+            return []
+        finally:
+            db.close()
+
+    def states(self) -> dict[str, str]:
+        return {row["rel_path"]: row["state"] for row in self.journal_rows("SELECT rel_path, state FROM documents")}
+
+    def settled_all(self, count: int) -> bool:
+        final = [s for s in self.states().values() if s in ("published", "failed")]
+        return len(final) >= count
+
+    def leftovers(self) -> list[Path]:
+        """Anything the daemon left half-done: staging dirs, claimed files, temp files."""
+        found = []
+        for base in (self.outbox / ".chandrad" / "staging", self.inbox / ".chandrad" / "claimed"):
+            if base.exists():
+                found += [p for p in base.rglob("*")]
+        for base in (self.outbox, self.archive, self.failed):
+            if base.exists():
+                found += [p for p in base.rglob("*.tmp")]
+        return found
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    made: list[DaemonProcess] = []
+
+    def make(**kwargs: str) -> DaemonProcess:
+        daemon = DaemonProcess(tmp_path, **kwargs)
+        made.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in made:
+        if daemon.alive:
+            daemon.kill9()
+
+
+def drop(source: Path, inbox: Path, name: str | None = None) -> Path:
+    """Copy a file into the inbox the way a person does: write under a temp name, then rename."""
+    target = inbox / (name or source.name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".part")
+    shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+    return target
