@@ -1,0 +1,44 @@
+"""The tesseract engine speaks Chandra's format: layout divs with 0–1000 bboxes that chandra parses."""
+
+from __future__ import annotations
+
+from chandra.output import parse_chunks, parse_markdown
+from pdf2image import convert_from_path
+
+from chandrad.config import EngineSettings
+from chandrad.engine import create_engine
+from chandrad.engine.base import Engine, PageRequest
+from chandrad.engine.tesseract import TesseractEngine, hocr_to_chandra_html
+from tests.conftest import corpus_file
+
+HOCR = """<div class='ocr_page' title='bbox 0 0 2000 1000'>
+<div class='ocr_carea' title='bbox 200 100 1800 300'><p class='ocr_par'>
+<span class='ocr_line' title='bbox 200 100 1800 150'><span class='ocrx_word'>Hello</span> <span class='ocrx_word'>&amp;</span></span>
+<span class='ocr_line' title='bbox 200 160 1800 200'><span class='ocrx_word'>world</span></span>
+</p></div></div>"""
+
+
+def test_hocr_blocks_become_text_divs_with_normalised_bboxes():
+    html = hocr_to_chandra_html(HOCR, width=2000, height=1000)
+    assert html == '<div data-bbox="100 100 900 300" data-label="Text"><p>Hello &amp; world</p></div>'
+
+
+def test_an_empty_page_is_a_blank_page_block():
+    assert 'data-label="Blank-Page"' in hocr_to_chandra_html("<html></html>", 100, 100)
+
+
+async def test_tesseract_reads_a_corpus_page_into_parseable_chandra_html():
+    engine = create_engine(EngineSettings(kind="tesseract"))
+    assert isinstance(engine, TesseractEngine) and isinstance(engine, Engine)
+    await engine.start()
+    image = convert_from_path(corpus_file("linn.pdf"), dpi=150)[0]
+    result = await engine.ocr(PageRequest("doc", 1, image))
+    chunks = parse_chunks(result.html, image)
+    assert chunks and all(chunk["label"] == "Text" for chunk in chunks)
+    assert all(0 <= chunk["bbox"][0] < chunk["bbox"][2] <= image.width for chunk in chunks)
+    assert "LinnSequencer" in parse_markdown(result.html)
+
+
+def test_auto_falls_back_to_tesseract_without_a_gpu(monkeypatch):
+    monkeypatch.setattr("chandrad.engine.cuda_gpu_visible", lambda: False)
+    assert create_engine(EngineSettings(kind="auto")).name == "tesseract"

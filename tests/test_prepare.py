@@ -1,0 +1,147 @@
+"""Prepare: content sniffing, Chandra's DPI rule with a pixel cap, Ghostscript normalisation, images."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from chandrad.config import PrepareSettings
+from chandrad.errors import PermanentError, TransientError
+from chandrad.prepare import open_regular, page_dpi, prepare_document, sniff
+from tests.conftest import corpus_file
+
+SETTINGS = PrepareSettings()
+
+
+def test_dpi_rule_is_192_for_letter_and_lifts_small_pages_to_1024_px():
+    assert page_dpi(612, 792, SETTINGS) == 192
+    three_inch = page_dpi(216, 216, SETTINGS)
+    assert round(216 / 72 * three_inch) == 1024
+
+
+def test_huge_pages_are_rendered_at_a_lower_dpi_instead_of_exploding():
+    dpi = page_dpi(8400, 8400, SETTINGS)
+    assert (8400 / 72 * dpi) ** 2 <= SETTINGS.max_page_pixels * 1.001
+    doc = prepare_document(corpus_file("hugemono.pdf"), Path("/tmp/unused-work"), "lossless", SETTINGS)
+    page = doc.render(1, SETTINGS)
+    assert page.image.width * page.image.height <= SETTINGS.max_page_pixels * 1.01
+
+
+def test_an_absurd_page_is_refused_with_its_size(tmp_path):
+    tight = PrepareSettings(max_page_pixels=100_000, min_dpi=50)
+    doc = prepare_document(corpus_file("enormous.pdf"), tmp_path, "lossless", tight)
+    with pytest.raises(PermanentError, match="too large"):
+        doc.render(1, tight)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"", "empty"),
+        (b"<!DOCTYPE html><html><body>hi</body></html>", "web page"),
+        (b"PK\x03\x04rest-of-zip", "ZIP"),
+        (b"\x7fELF\x02\x01\x01", "executable"),
+        (b"just some text that is not a document", "not a PDF or a supported image"),
+    ],
+)
+def test_non_documents_named_pdf_are_refused_by_content(tmp_path, content, reason):
+    fake = tmp_path / "invoice.pdf"
+    fake.write_bytes(content)
+    with pytest.raises(PermanentError, match=reason):
+        sniff(fake)
+
+
+def test_mislabelled_files_are_read_by_what_they_contain(tmp_path):
+    png_named_pdf = tmp_path / "scan.pdf"
+    png_named_pdf.write_bytes(corpus_file("simple-no-dpi.png").read_bytes())
+    pdf_named_png = tmp_path / "scan.png"
+    pdf_named_png.write_bytes(corpus_file("trivial.pdf").read_bytes())
+    assert sniff(png_named_pdf) == "image" and sniff(pdf_named_png) == "pdf"
+    assert prepare_document(png_named_pdf, tmp_path / "w1", "lossless", SETTINGS).page_count == 1
+
+
+def test_symlinks_and_fifos_are_never_opened(tmp_path):
+    target = tmp_path / "target.pdf"
+    target.write_bytes(b"%PDF-1.4")
+    (tmp_path / "link.pdf").symlink_to(target)
+    os.mkfifo(tmp_path / "fifo.pdf")
+    with pytest.raises(PermanentError, match="symbolic link"):
+        open_regular(tmp_path / "link.pdf")
+    with pytest.raises(PermanentError, match="not a regular file"):
+        open_regular(tmp_path / "fifo.pdf")
+
+
+def test_password_protected_pdfs_fail_unless_the_password_is_configured(tmp_path):
+    with pytest.raises(PermanentError, match="password-protected"):
+        prepare_document(corpus_file("encrypted.pdf"), tmp_path / "a", "lossless", SETTINGS)
+    doc = prepare_document(corpus_file("password-is-test.pdf"), tmp_path / "b", "lossless", SETTINGS, password="test")
+    assert doc.page_count >= 1
+    assert doc.render(1, SETTINGS).image.width > 0
+
+
+def test_a_damaged_pdf_is_repaired_by_ghostscript_and_an_empty_one_refused(tmp_path):
+    assert prepare_document(corpus_file("junk-prefix.pdf"), tmp_path / "a", "lossless", SETTINGS).page_count == 2
+    with pytest.raises(PermanentError, match="not a readable PDF"):
+        prepare_document(corpus_file("invalid.pdf"), tmp_path / "b", "lossless", SETTINGS)
+    truncated = tmp_path / "truncated.pdf"
+    data = corpus_file("multipage.pdf").read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    try:
+        doc = prepare_document(truncated, tmp_path / "c", "lossless", SETTINGS)
+    except PermanentError as error:
+        assert "PDF" in error.reason
+    else:
+        assert 1 <= doc.page_count <= 6  # what Ghostscript could salvage
+
+
+def test_lossless_normalisation_keeps_the_original_when_rewriting_would_grow_it(tmp_path):
+    doc = prepare_document(corpus_file("skew.pdf"), tmp_path, "lossless", SETTINGS)
+    assert doc.source == corpus_file("skew.pdf")
+    assert not (tmp_path / "normalised.pdf").exists()
+
+
+def test_rotate_is_honoured(tmp_path):
+    doc = prepare_document(corpus_file("cardinal.pdf"), tmp_path, "lossless", SETTINGS)
+    shapes = [doc.render(n, SETTINGS).image.size for n in range(1, 5)]
+    portrait = [w < h for w, h in shapes]
+    assert portrait == [True, False, True, False]
+
+
+def test_multi_frame_tiff_gives_one_page_per_frame_and_exif_rotation_applies(tmp_path):
+    doc = prepare_document(corpus_file("multi-page-images.tiff"), tmp_path, "lossless", SETTINGS)
+    assert doc.page_count == 3
+    assert [page.page_no for page in doc.pages(SETTINGS, skip={2})] == [1, 3]
+
+    rotated = tmp_path / "phone.jpg"
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90° clockwise to display"
+    Image.new("RGB", (400, 200), "white").save(rotated, exif=exif)
+    page = prepare_document(rotated, tmp_path / "j", "lossless", SETTINGS).render(1, SETTINGS)
+    assert page.image.size == (200, 400)
+
+
+def test_a_pixel_bomb_image_is_refused_before_decoding(tmp_path):
+    bomb = tmp_path / "bomb.png"
+    buffer = io.BytesIO()
+    Image.new("1", (20000, 20000)).save(buffer, format="PNG")  # 400 MP, a few KB on disk
+    bomb.write_bytes(buffer.getvalue())
+    with pytest.raises(PermanentError, match="pixels"):
+        prepare_document(bomb, tmp_path / "w", "lossless", SETTINGS)
+
+
+def test_a_corrupt_image_is_a_permanent_error(tmp_path):
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(corpus_file("baiona.png").read_bytes()[:300])
+    with pytest.raises(PermanentError):
+        prepare_document(broken, tmp_path / "w", "lossless", SETTINGS).render(1, SETTINGS)
+
+
+def test_a_hung_renderer_is_a_transient_timeout(tmp_path):
+    impatient = PrepareSettings(subprocess_timeout_seconds=0.05)
+    doc = prepare_document(corpus_file("hugemono.pdf"), tmp_path, "lossless", PrepareSettings())
+    with pytest.raises(TransientError, match="took longer"):
+        doc.render(1, impatient)

@@ -1,0 +1,106 @@
+"""Watch: the settle tracker, ignore rules and mount detection, without sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from chandrad.config import InboxSettings
+from chandrad.watch import IgnoreRules, InboxWatcher, SettleTracker, mount_fs_type, wants_polling
+
+
+def test_a_file_settles_only_after_size_and_mtime_stay_unchanged_for_settle_seconds():
+    tracker = SettleTracker(settle_seconds=5)
+    path = Path("/inbox/scan.pdf")
+    tracker.observe(path, size=100, mtime_ns=1, kind="regular", now=0)
+    assert tracker.pop_settled(now=4.9) == []
+    tracker.observe(path, size=200, mtime_ns=2, kind="regular", now=4.9)  # still growing: the clock restarts
+    assert tracker.pop_settled(now=9.8) == []
+    tracker.observe(path, size=200, mtime_ns=2, kind="regular", now=9.8)  # unchanged: the clock keeps running
+    settled = tracker.pop_settled(now=9.9)
+    assert [p for p, _ in settled] == [path] and settled[0][1].size == 200
+    assert path not in tracker
+
+
+def test_the_tracker_never_gives_up_on_a_file_that_keeps_changing():
+    tracker = SettleTracker(settle_seconds=2)
+    path = Path("/inbox/slow.pdf")
+    for second in range(0, 3600, 1):  # an hour of a scanner adding bytes every second
+        tracker.observe(path, size=second, mtime_ns=second, kind="regular", now=second)
+        assert tracker.pop_settled(now=second + 0.5) == []
+    assert path in tracker
+
+
+@pytest.mark.parametrize(
+    "rel_path",
+    [".DS_Store", "._scan.pdf", "Thumbs.db", "desktop.ini", "~$report.docx", ".~lock.report.odt#", "scan.pdf.part",
+     "upload.tmp", "file.crdownload", ".hidden.pdf", "@eaDir/scan.pdf", ".stfolder/x.pdf", ".chandrad/claimed/a.pdf",
+     "sub/.git/x.pdf"],
+)
+def test_junk_and_partial_names_are_ignored(rel_path):
+    assert IgnoreRules().ignored(Path(rel_path))
+
+
+def test_include_and_ignore_patterns_apply_case_insensitively():
+    rules = IgnoreRules(include=("*.pdf", "*.tif*"), ignore=("draft-*",))
+    assert not rules.ignored(Path("sub/Report.PDF"))
+    assert not rules.ignored(Path("scan.TIFF"))
+    assert rules.ignored(Path("notes.txt"))
+    assert rules.ignored(Path("Draft-1.pdf"))
+
+
+def test_polling_is_chosen_for_network_mounts_and_can_be_forced(tmp_path, monkeypatch):
+    assert mount_fs_type(tmp_path) != ""
+    local = InboxSettings(path=tmp_path / "in")
+    assert wants_polling(local) is False
+    assert wants_polling(InboxSettings(path=tmp_path / "in", polling=True)) is True
+    monkeypatch.setattr("chandrad.watch.mount_fs_type", lambda path: "cifs")
+    assert wants_polling(local) is True
+    assert wants_polling(InboxSettings(path=tmp_path / "in", polling=False)) is False
+
+
+async def test_watcher_finds_existing_files_at_start_and_respects_recursive(tmp_path):
+    inbox_dir = tmp_path / "in"
+    (inbox_dir / "sub").mkdir(parents=True)
+    (inbox_dir / "top.pdf").write_bytes(b"%PDF-1.4")
+    (inbox_dir / "sub" / "deep.pdf").write_bytes(b"%PDF-1.4")
+    (inbox_dir / "junk.tmp").write_bytes(b"x")
+    now = [0.0]
+    for recursive, expected in ((True, {"top.pdf", "sub/deep.pdf"}), (False, {"top.pdf"})):
+        emitted = []
+
+        async def emit(settled):
+            emitted.append(str(settled.rel_path))
+
+        inbox = InboxSettings(path=inbox_dir, settle_seconds=1, recursive=recursive)
+        watcher = InboxWatcher(inbox, emit, clock=lambda: now[0])
+        watcher.scan()
+        await watcher.tick()
+        assert emitted == []
+        now[0] += 1.5
+        await watcher.tick()
+        assert set(emitted) == expected
+
+
+async def test_inotify_events_feed_the_tracker(tmp_path):
+    inbox_dir = tmp_path / "in"
+    inbox_dir.mkdir()
+    emitted = []
+
+    async def emit(settled):
+        emitted.append(settled.rel_path.name)
+
+    watcher = InboxWatcher(InboxSettings(path=inbox_dir, settle_seconds=0.2, polling=False), emit)
+    watcher.start_observer(asyncio.get_running_loop())
+    try:
+        (inbox_dir / "new.pdf").write_bytes(b"%PDF-1.4 hello")
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+            await watcher.tick()
+            if emitted:
+                break
+    finally:
+        watcher.stop_observer()
+    assert emitted == ["new.pdf"]
