@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,15 @@ def test_a_folder_that_cannot_be_created_stops_startup(tmp_path):
     )
     assert result.returncode == 2
     assert "cannot create folder" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_example_config_loads_and_documents_every_key():
+    from chandrad.config import EngineSettings, InboxSettings, PrepareSettings, Settings
+
+    example = Path(__file__).resolve().parent.parent / "config.example.toml"
+    load_settings(example)
+    text = example.read_text()
+    documented = set(re.findall(r"^#? ?([a-z_]+) = ", text, re.MULTILINE))
+    for model in (Settings, EngineSettings, PrepareSettings, InboxSettings):
+        fields = {name for name in model.model_fields if name not in ("engine", "prepare", "inbox")}
+        assert fields <= documented, f"{model.__name__}: undocumented keys {fields - documented}"
