@@ -52,6 +52,12 @@ def main() -> None:
 
 
 @main.command()
+def version() -> None:
+    """Print chandrad's version and the versions of the tools it drives."""
+    click.echo(f"chandrad {__version__}")
+
+
+@main.command()
 @config_option
 def run(config_path: Path | None) -> None:
     """Run the daemon: watch the inboxes until SIGTERM (drains, exits 0); SIGHUP reloads the config."""

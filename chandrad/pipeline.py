@@ -227,36 +227,33 @@ class Pipeline:
         todo = [n for n in range(1, prepared.page_count + 1) if n not in done]
 
         async def infer(page: prepare.PageImage) -> None:
-            try:
-                with bound_contextvars(page=page.page_no):
-                    request = PageRequest(doc.id, page.page_no, page.image, inbox.prompt_type)
-                    try:
-                        result = await asyncio.wait_for(
-                            self.engine.ocr(request), self.settings.engine.page_timeout_seconds
-                        )
-                    except TimeoutError:
-                        raise TransientError(
-                            f"page {page.page_no}: the engine did not answer within "
-                            f"{self.settings.engine.page_timeout_seconds:.0f} s", stage="engine",
-                        ) from None
-                    rendered = await asyncio.to_thread(
-                        publish.save_page_images, result.html, page.image, staging / "images"
+            with bound_contextvars(page=page.page_no):
+                request = PageRequest(doc.id, page.page_no, page.image, inbox.prompt_type)
+                try:
+                    result = await asyncio.wait_for(
+                        self.engine.ocr(request), self.settings.engine.page_timeout_seconds
                     )
-                    await self.journal.call(
-                        self.journal.record_page,
-                        PageRecord(
-                            doc_id=doc.id, page_no=page.page_no, width=page.image.width, height=page.image.height,
-                            html=result.html, prompt_tokens=result.prompt_tokens, output_tokens=result.output_tokens,
-                            finish_reason=result.finish_reason, retries=result.retries, latency_s=result.latency_s,
-                            engine=self.engine.name, model=self.engine.model, image_names=rendered.image_names,
-                            chunks=tuple(rendered.chunks),
-                        ),
-                    )
-                    self.pages_done += 1
-                    log.info("page done", page=page.page_no, of=prepared.page_count,
-                             seconds=round(result.latency_s, 2), tokens=result.output_tokens)
-            finally:
-                self.page_slots.release()
+                except TimeoutError:
+                    raise TransientError(
+                        f"page {page.page_no}: the engine did not answer within "
+                        f"{self.settings.engine.page_timeout_seconds:.0f} s", stage="engine",
+                    ) from None
+                rendered = await asyncio.to_thread(
+                    publish.save_page_images, result.html, page.image, staging / "images"
+                )
+                await self.journal.call(
+                    self.journal.record_page,
+                    PageRecord(
+                        doc_id=doc.id, page_no=page.page_no, width=page.image.width, height=page.image.height,
+                        html=result.html, prompt_tokens=result.prompt_tokens, output_tokens=result.output_tokens,
+                        finish_reason=result.finish_reason, retries=result.retries, latency_s=result.latency_s,
+                        engine=self.engine.name, model=self.engine.model, image_names=rendered.image_names,
+                        chunks=tuple(rendered.chunks),
+                    ),
+                )
+                self.pages_done += 1
+                log.info("page done", page=page.page_no, of=prepared.page_count,
+                         seconds=round(result.latency_s, 2), tokens=result.output_tokens)
 
         staging.mkdir(parents=True, exist_ok=True)
         try:
@@ -265,7 +262,8 @@ class Pipeline:
                     # Render the next page while earlier ones are at the engine; never more than one ahead.
                     page = await asyncio.to_thread(prepared.render, page_no, self.settings.prepare)
                     await self.page_slots.acquire()
-                    group.create_task(infer(page))
+                    # Released by a done-callback: it runs even for a task cancelled before it started.
+                    group.create_task(infer(page)).add_done_callback(lambda _: self.page_slots.release())
                     del page
         except BaseExceptionGroup as group_error:
             raise _first_document_error(group_error) from None

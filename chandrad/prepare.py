@@ -141,6 +141,7 @@ def _last_line(text: str) -> str:
 class PdfInfo:
     pages: int
     encrypted: bool
+    has_form: bool
     page_sizes: tuple[tuple[float, float], ...]  # points, per page
 
 
@@ -180,6 +181,7 @@ def pdf_info(pdf: Path, settings: PrepareSettings, password: str | None = None) 
     return PdfInfo(
         pages=pages,
         encrypted=fields.get("Encrypted", "no").strip().startswith("yes"),
+        has_form=fields.get("Form", "none").strip() not in ("none", ""),
         page_sizes=tuple(sizes.get(n, default) for n in range(1, pages + 1)),
     )
 
@@ -326,7 +328,7 @@ def render_image_page(path: Path, page_no: int, settings: PrepareSettings) -> Pa
 # -- one document --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass
 class PreparedDocument:
     """What rendering needs to know about one document, and where its working copy lives."""
 
@@ -335,11 +337,28 @@ class PreparedDocument:
     page_count: int
     page_sizes: tuple[tuple[float, float], ...] = ()
     password: str | None = None
+    # Set while ``source`` is the untouched original PDF: where Ghostscript's repair may write.
+    repair_to: Path | None = None
+    compress: str = "lossless"
 
     def render(self, page_no: int, settings: PrepareSettings) -> PageImage:
-        if self.doc_type == "pdf":
+        if self.doc_type == "image":
+            return render_image_page(self.source, page_no, settings)
+        try:
             return render_pdf_page(self.source, page_no, self.page_sizes[page_no - 1], settings, self.password)
-        return render_image_page(self.source, page_no, settings)
+        except PermanentError as error:
+            if self.repair_to is None or "too large" in error.reason:
+                raise
+            # poppler choked on a page of the original: let Ghostscript rewrite the file, then retry once.
+            log.info("page failed to render; repairing the PDF with Ghostscript", page=page_no, error=error.reason)
+            target, self.repair_to = self.repair_to, None
+            if not normalise_pdf(self.source, target, self.compress, settings, self.password):
+                raise
+            info = pdf_info(target, settings)
+            if info.pages != self.page_count:
+                raise
+            self.source, self.page_sizes, self.password = target, info.page_sizes, None
+            return render_pdf_page(self.source, page_no, self.page_sizes[page_no - 1], settings)
 
     def pages(self, settings: PrepareSettings, skip: set[int] | frozenset[int] = frozenset()) -> Iterator[PageImage]:
         for page_no in range(1, self.page_count + 1):
@@ -350,7 +369,12 @@ class PreparedDocument:
 def prepare_document(
     original: Path, work_dir: Path, compress: str, settings: PrepareSettings, password: str | None = None
 ) -> PreparedDocument:
-    """Inspect and normalise one claimed original. Blocking: run it in a worker thread."""
+    """Inspect one claimed original and normalise it where that is needed. Blocking: run it in a thread.
+
+    Ghostscript rewrites a PDF when the original cannot be read (repair), has form fields (flatten),
+    or a lossy ``compress`` preset was chosen. A healthy PDF in lossless mode is rendered as it is:
+    rewriting it costs more than rendering it (5.7 s for 24 scanned pages) and changes nothing.
+    """
     size = original.lstat().st_size
     if size > settings.max_file_mb * 1024 * 1024:
         raise PermanentError(
@@ -365,30 +389,36 @@ def prepare_document(
     try:
         original_info: PdfInfo | None = pdf_info(original, settings, password)
     except PermanentError as error:
-        if "password" in error.reason:
-            raise
+        if not error.reason.startswith("not a readable PDF"):
+            raise  # password-protected, no pages, too many pages: a rewrite cannot change that
         original_info = None  # damaged: Ghostscript's repair is the only hope
+    as_is = PreparedDocument(
+        "pdf", original, original_info.pages, original_info.page_sizes, password, normalised, compress
+    ) if original_info else None
+    if as_is is not None and not original_info.has_form and compress == "lossless":  # type: ignore[union-attr]
+        return as_is
     try:
         rewritten = normalise_pdf(original, normalised, compress, settings, password)
     except OSError as error:
         if error.errno == errno.ENOSPC:
             raise TransientError("the disk holding the state directory is full", stage="normalise") from None
         raise
+    info = None
     if rewritten:
         try:
             info = pdf_info(normalised, settings)
         except PermanentError:
-            rewritten, info = False, None  # type: ignore[assignment]
-        # Lossless rewriting can grow a file (+34% on skew.pdf): keep the smaller, readable one.
-        if rewritten and original_info is not None and compress == "lossless":
-            if normalised.stat().st_size > size and info.pages == original_info.pages and not original_info.encrypted:
-                normalised.unlink()
-                return PreparedDocument("pdf", original, original_info.pages, original_info.page_sizes, password)
-        if rewritten and info is not None:
-            return PreparedDocument("pdf", normalised, info.pages, info.page_sizes)
-    if original_info is None:
-        raise PermanentError("not a readable PDF: it is damaged beyond repair", stage="inspect")
-    return PreparedDocument("pdf", original, original_info.pages, original_info.page_sizes, password)
+            info = None
+    if info is None:
+        if as_is is None:
+            raise PermanentError("not a readable PDF: it is damaged beyond repair", stage="inspect")
+        return as_is
+    # A rewrite can grow a file (+34% on skew.pdf with /default): keep the smaller one unless forms
+    # had to be flattened.
+    if as_is is not None and not original_info.has_form and normalised.stat().st_size > size:  # type: ignore[union-attr]
+        normalised.unlink()
+        return as_is
+    return PreparedDocument("pdf", normalised, info.pages, info.page_sizes)
 
 
 def cleanup(work_dir: Path) -> None:

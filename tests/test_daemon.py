@@ -149,3 +149,22 @@ def test_symlinks_and_fifos_in_the_inbox_are_refused_without_reading_them(daemon
     assert (daemon.failed / "link.pdf").is_symlink(), "the link itself is moved, its target untouched"
     assert secret.read_text() == "do not read me"
     assert daemon.alive
+
+
+def test_sighup_reloads_the_config_and_a_new_inbox_is_watched(daemon_factory):
+    import signal
+
+    daemon = daemon_factory().start()
+    second = daemon.root / "second"
+    config = daemon.config.read_text()
+    daemon.config.write_text(config + f'\n[[inbox]]\npath = "{second}/in"\nsettle_seconds = 1\n')
+    daemon.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: any(e.get("event") == "configuration reloaded" for e in daemon.events()), 30, "the reload")
+    drop(corpus_file("trivial.pdf"), second / "in")
+    wait_for(lambda: (second / "outbox" / "trivial" / "trivial.md").exists(), 120, "the new inbox's output")
+
+    daemon.config.write_text(config + "\nnot valid toml [[[\n")
+    daemon.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: any(e.get("event", "").startswith("reload refused") for e in daemon.events()), 30, "refusal")
+    assert daemon.alive, "a broken config on reload keeps the daemon running on the old one"
+    assert daemon.stop() == 0

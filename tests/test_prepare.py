@@ -104,6 +104,18 @@ def test_lossless_normalisation_keeps_the_original_when_rewriting_would_grow_it(
     assert not (tmp_path / "normalised.pdf").exists()
 
 
+def test_forms_are_flattened_through_ghostscript_and_healthy_pdfs_rendered_as_they_are(tmp_path):
+    assert prepare_document(corpus_file("with-form.pdf"), tmp_path / "a", "lossless", SETTINGS).source.name == (
+        "normalised.pdf"
+    )
+    assert prepare_document(corpus_file("linn.pdf"), tmp_path / "b", "lossless", SETTINGS).source == (
+        corpus_file("linn.pdf")
+    )
+    assert prepare_document(corpus_file("c02-22.pdf"), tmp_path / "c", "ebook", SETTINGS).source.name == (
+        "normalised.pdf"
+    )
+
+
 def test_rotate_is_honoured(tmp_path):
     doc = prepare_document(corpus_file("cardinal.pdf"), tmp_path, "lossless", SETTINGS)
     shapes = [doc.render(n, SETTINGS).image.size for n in range(1, 5)]
