@@ -117,7 +117,7 @@ async def _convert_once(settings: Settings, files: tuple[Path, ...], output_dir:
         )
         prepare_folders(once_settings)
         journal = Journal(once_settings.state_dir / "journal.sqlite3")
-        engine = create_engine(once_settings.engine)
+        engine = create_engine(once_settings.engine, once_settings.state_dir)
         await engine.start()
         pipeline = Pipeline(once_settings, journal, engine, move_originals=False)
         try:
@@ -218,7 +218,7 @@ def check(config_path: Path | None) -> None:
         report(True, tool, (output.stdout + output.stderr).strip().splitlines()[0])
     report(True, "GPU", "visible" if cuda_gpu_visible() else "none visible (engine auto → tesseract)")
     try:
-        engine = create_engine(settings.engine)
+        engine = create_engine(settings.engine, settings.state_dir)
         report(True, "engine", engine.name)
     except ConfigError as error:
         report(False, "engine", str(error))

@@ -91,15 +91,72 @@ class InboxSettings(_Strict):
 
 
 class EngineSettings(_Strict):
-    """Which OCR engine turns page images into Chandra HTML."""
+    """Which OCR engine turns page images into Chandra HTML, and how it runs."""
 
     # "auto": vLLM when a CUDA GPU is visible, else tesseract (with a loud warning).
     kind: Literal["auto", "vllm", "tesseract"] = "auto"
+    # A Hugging Face id (datalab-to/chandra-ocr-2, datalab-to/chandra) or a local model directory.
     model: str = "datalab-to/chandra-ocr-2"
-    # Pages in flight across all documents (the engine batches them continuously).
-    max_pages_in_flight: int = Field(default=8, ge=1)
+    # Pages at the engine at once, across all documents; default: max_num_seqs (vLLM), cores (tesseract).
+    max_pages_in_flight: int | None = Field(default=None, ge=1)
     page_timeout_seconds: float = Field(default=600.0, gt=0)
     tesseract_languages: str = "eng"
+
+    # -- vLLM (see DESIGN.md "Engine facts"; defaults are Chandra 2's serving settings) --
+    # A vLLM OpenAI-compatible server to use instead of an in-process engine.
+    url: str | None = None
+    api_key: str = "EMPTY"
+    served_model_name: str | None = None
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    max_model_len: int = Field(default=18000, ge=256)
+    max_num_seqs: int = Field(default=96, ge=1)
+    max_num_batched_tokens: int | None = Field(default=8192, ge=256)
+    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=0.98)
+    # KV cache size in GiB instead of a share of GPU memory (required on CPU).
+    kv_cache_memory_gb: float | None = Field(default=None, gt=0)
+    enable_prefix_caching: bool = True
+    min_pixels: int = Field(default=3136, ge=784)
+    max_pixels: int = Field(default=6_291_456, ge=784)
+    mm_processor_cache_gb: float = Field(default=1.0, ge=0)
+    enforce_eager: bool = False
+    speculative_config: dict[str, Any] | None = None
+    # Anything else for vllm's AsyncEngineArgs, passed through as is (wins over the above).
+    engine_args: dict[str, Any] = {}
+    # Chandra's output limit and retry ladder: greedy first; on a repetition loop or an engine
+    # error, retry with rising temperature, at most max_retries times.
+    max_tokens: int = Field(default=12384, ge=1)
+    max_retries: int = Field(default=6, ge=0)
+    # Benchmarks only: generate exactly max_tokens tokens per page (random-weight stand-ins).
+    bench_force_max_tokens: bool = False
+
+    # -- GPUs --
+    gpus: tuple[int, ...] = (0,)
+    layout: Literal["single", "replicas", "data-parallel", "tensor-parallel", "encoder-split"] = "single"
+
+    # -- supervision --
+    # Restart the engine after this many pages (planned recycle against slow memory growth).
+    recycle_after_pages: int | None = Field(default=None, ge=1)
+    # ...or when GPU memory in use (NVML; the engine processes' RSS on CPU) passes this many GiB.
+    memory_watermark_gb: float | None = Field(default=None, gt=0)
+    restart_backoff_seconds: float = Field(default=2.0, ge=0)
+    restart_backoff_max_seconds: float = Field(default=60.0, ge=0)
+    # A page in flight during this many engine deaths is failed alone instead of crashing it again.
+    poison_page_deaths: int = Field(default=2, ge=1)
+    health_check_seconds: float = Field(default=30.0, gt=0)
+    start_timeout_seconds: float = Field(default=1800.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_pixels(self) -> EngineSettings:
+        if self.min_pixels > self.max_pixels:
+            raise ValueError("engine.min_pixels must not exceed engine.max_pixels")
+        return self
+
+    def pages_in_flight(self, engine_name: str) -> int:
+        if self.max_pages_in_flight is not None:
+            return self.max_pages_in_flight
+        if engine_name == "tesseract":
+            return os.cpu_count() or 1
+        return self.max_num_seqs * max(1, len(self.gpus) if self.layout in ("replicas", "data-parallel") else 1)
 
 
 class PrepareSettings(_Strict):
@@ -138,6 +195,9 @@ class Settings(BaseSettings):
     retry_backoff_seconds: float = Field(default=30.0, ge=0)
     # On SIGTERM in-flight documents get this long to finish before they are requeued.
     drain_seconds: float = Field(default=20.0, ge=0)
+    # Share of a document's pages that may fail (e.g. a page the model cannot take) while the rest
+    # is still published, with the gaps marked. 0: any failed page fails the document.
+    max_page_error_rate: float = Field(default=0.0, ge=0, le=1)
     engine: EngineSettings = EngineSettings()
     prepare: PrepareSettings = PrepareSettings()
     inbox: tuple[InboxSettings, ...] = ()

@@ -69,7 +69,7 @@ class Daemon:
         prepare_folders(self.settings)
         self.journal = Journal(self.settings.state_dir / "journal.sqlite3")
         if self.engine is None:
-            self.engine = create_engine(self.settings.engine)
+            self.engine = create_engine(self.settings.engine, self.settings.state_dir)
         started = time.monotonic()
         await self.engine.start()
         log.info("engine ready", engine=self.engine.name, model=self.engine.model,

@@ -66,6 +66,7 @@ CREATE TABLE IF NOT EXISTS pages (
     model TEXT NOT NULL DEFAULT '',
     image_names TEXT NOT NULL DEFAULT '[]',
     chunks TEXT NOT NULL DEFAULT '[]',
+    error TEXT,
     PRIMARY KEY (doc_id, page_no)
 );
 """
@@ -117,6 +118,7 @@ class PageRecord:
     model: str = ""
     image_names: tuple[str, ...] = ()
     chunks: tuple[dict[str, Any], ...] = ()
+    error: str | None = None  # the page could not be read: why
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> PageRecord:
@@ -247,12 +249,13 @@ class Journal:
     def record_page(self, page: PageRecord) -> None:
         self._execute(
             "INSERT OR REPLACE INTO pages (doc_id, page_no, width, height, html, prompt_tokens, output_tokens, "
-            "finish_reason, retries, latency_s, engine, model, image_names, chunks) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "finish_reason, retries, latency_s, engine, model, image_names, chunks, error) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 page.doc_id, page.page_no, page.width, page.height, page.html, page.prompt_tokens,
                 page.output_tokens, page.finish_reason, page.retries, page.latency_s, page.engine,
                 page.model, json.dumps(list(page.image_names)), json.dumps(list(page.chunks)),
+                page.error,
             ),
         )
 

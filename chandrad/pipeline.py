@@ -64,7 +64,7 @@ class Pipeline:
         self.move_originals = move_originals
         self._clock = clock
         self.inboxes: dict[str, InboxSettings] = {inbox.name: inbox for inbox in settings.inbox}
-        self.page_slots = asyncio.Semaphore(settings.engine.max_pages_in_flight)
+        self.page_slots = asyncio.Semaphore(settings.engine.pages_in_flight(engine.name))
         self.prepare_slots = asyncio.Semaphore(settings.prepare.workers)
         self.pages_done = 0
 
@@ -196,13 +196,14 @@ class Pipeline:
         await self._infer_pages(doc, inbox, prepared, done, staging)
 
         pages = await self.journal.call(self.journal.pages, doc.id)
+        self._check_failed_pages(pages, prepared.page_count)
         stem = publish.safe_component(Path(doc.rel_path).stem)
         files = publish.render_document(
             stem,
             [
                 publish.PageOutput(
                     page_no=page.page_no, html=page.html, width=page.width, height=page.height,
-                    chunks=list(page.chunks), image_names=page.image_names,
+                    chunks=list(page.chunks), image_names=page.image_names, error=page.error,
                     stats={
                         "prompt_tokens": page.prompt_tokens, "output_tokens": page.output_tokens,
                         "finish_reason": page.finish_reason, "retries": page.retries,
@@ -233,6 +234,9 @@ class Pipeline:
                     result = await asyncio.wait_for(
                         self.engine.ocr(request), self.settings.engine.page_timeout_seconds
                     )
+                except PermanentError as page_error:  # this page can never be read; the others may
+                    await self._record_failed_page(doc.id, page.page_no, page_error, page.image.size)
+                    return
                 except TimeoutError:
                     raise TransientError(
                         f"page {page.page_no}: the engine did not answer within "
@@ -260,13 +264,41 @@ class Pipeline:
             async with asyncio.TaskGroup() as group:
                 for page_no in todo:
                     # Render the next page while earlier ones are at the engine; never more than one ahead.
-                    page = await asyncio.to_thread(prepared.render, page_no, self.settings.prepare)
+                    try:
+                        page = await asyncio.to_thread(prepared.render, page_no, self.settings.prepare)
+                    except PermanentError as page_error:
+                        await self._record_failed_page(doc.id, page_no, page_error, (0, 0))
+                        continue
                     await self.page_slots.acquire()
                     # Released by a done-callback: it runs even for a task cancelled before it started.
                     group.create_task(infer(page)).add_done_callback(lambda _: self.page_slots.release())
                     del page
         except BaseExceptionGroup as group_error:
             raise _first_document_error(group_error) from None
+
+    async def _record_failed_page(
+        self, doc_id: str, page_no: int, error: DocumentError, size: tuple[int, int]
+    ) -> None:
+        log.warning("page failed", page=page_no, reason=error.reason)
+        await self.journal.call(
+            self.journal.record_page,
+            PageRecord(doc_id=doc_id, page_no=page_no, width=size[0], height=size[1], html="", error=error.reason,
+                       engine=self.engine.name, model=self.engine.model),
+        )
+
+    def _check_failed_pages(self, pages: list[PageRecord], page_count: int) -> None:
+        """Fail the document if more of its pages failed than max_page_error_rate allows."""
+        failed = [page for page in pages if page.error]
+        if not failed or len(failed) / page_count <= self.settings.max_page_error_rate:
+            return
+        if page_count == 1:
+            raise PermanentError(failed[0].error or "the page could not be read", stage="engine")
+        details = "; ".join(f"page {page.page_no}: {page.error}" for page in failed[:10])
+        raise PermanentError(
+            f"{len(failed)} of {page_count} pages could not be read ({details}); "
+            f"max_page_error_rate = {self.settings.max_page_error_rate} allows publishing with gaps",
+            stage="engine",
+        )
 
     async def _publish(
         self, doc: Document, inbox: InboxSettings, staging: Path, files: dict[str, bytes], stem: str

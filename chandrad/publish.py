@@ -13,6 +13,7 @@ inbox passes through ``safe_component``.
 from __future__ import annotations
 
 import errno
+import html
 import json
 import os
 import re
@@ -97,6 +98,11 @@ class PageOutput:
     chunks: list[dict[str, Any]]
     image_names: tuple[str, ...]
     stats: dict[str, Any]
+    error: str | None = None  # a page that could not be read is published as a marked gap
+
+
+def _gap(page: PageOutput) -> str:
+    return f"[page {page.page_no} could not be read: {page.error}]"
 
 
 def _point_images_into_folder(text: str, image_names: Iterable[str]) -> str:
@@ -113,13 +119,16 @@ def render_document(
     files: dict[str, bytes] = {}
     if "md" in formats:
         markdown = "\n\n".join(
-            _point_images_into_folder(parse_markdown(page.html), page.image_names) for page in pages
+            f"*{_gap(page)}*" if page.error else _point_images_into_folder(parse_markdown(page.html), page.image_names)
+            for page in pages
         )
         files[f"{stem}.md"] = (markdown.strip() + "\n").encode("utf-8")
     if "html" in formats:
         body = "\n".join(
             f'<div class="page" data-page="{page.page_no}">\n'
-            f"{_point_images_into_folder(parse_html(page.html), page.image_names)}\n</div>"
+            + (f'<p class="page-error">{html.escape(_gap(page))}</p>' if page.error
+               else _point_images_into_folder(parse_html(page.html), page.image_names))
+            + "\n</div>"
             for page in pages
         )
         files[f"{stem}.html"] = body.encode("utf-8")
@@ -127,12 +136,14 @@ def render_document(
         document = {
             **metadata,
             "num_pages": len(pages),
+            "failed_pages": [page.page_no for page in pages if page.error],
             "total_prompt_tokens": sum(page.stats.get("prompt_tokens", 0) for page in pages),
             "total_output_tokens": sum(page.stats.get("output_tokens", 0) for page in pages),
             "pages": [
                 {
                     "page": page.page_no,
                     "page_box": [0, 0, page.width, page.height],
+                    **({"error": page.error} if page.error else {}),
                     **page.stats,
                     "chunks": [
                         {**chunk, "content": _point_images_into_folder(chunk["content"], page.image_names)}

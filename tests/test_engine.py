@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from chandra.output import parse_chunks, parse_markdown
 from pdf2image import convert_from_path
 
@@ -28,7 +30,7 @@ def test_an_empty_page_is_a_blank_page_block():
 
 
 async def test_tesseract_reads_a_corpus_page_into_parseable_chandra_html():
-    engine = create_engine(EngineSettings(kind="tesseract"))
+    engine = create_engine(EngineSettings(kind="tesseract"), Path("/nonexistent"))
     assert isinstance(engine, TesseractEngine) and isinstance(engine, Engine)
     await engine.start()
     image = convert_from_path(corpus_file("linn.pdf"), dpi=150)[0]
@@ -41,4 +43,4 @@ async def test_tesseract_reads_a_corpus_page_into_parseable_chandra_html():
 
 def test_auto_falls_back_to_tesseract_without_a_gpu(monkeypatch):
     monkeypatch.setattr("chandrad.engine.cuda_gpu_visible", lambda: False)
-    assert create_engine(EngineSettings(kind="auto")).name == "tesseract"
+    assert create_engine(EngineSettings(kind="auto"), Path("/nonexistent")).name == "tesseract"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import shutil
+from pathlib import Path
 
 import structlog
 
@@ -23,10 +24,11 @@ def cuda_gpu_visible() -> bool:
     )
 
 
-def create_engine(settings: EngineSettings) -> Engine:
+def create_engine(settings: EngineSettings, state_dir: Path) -> Engine:
+    """The engine the settings ask for: tesseract, a supervised in-process vLLM, or a remote server."""
     kind = settings.kind
     if kind == "auto":
-        if cuda_gpu_visible():
+        if settings.url or cuda_gpu_visible():
             kind = "vllm"
         else:
             log.warning(
@@ -38,10 +40,20 @@ def create_engine(settings: EngineSettings) -> Engine:
         from chandrad.engine.tesseract import TesseractEngine
 
         return TesseractEngine(settings.tesseract_languages, settings.page_timeout_seconds)
+    if settings.url:
+        from chandrad.engine.remote import RemoteEngine
+
+        return RemoteEngine(settings)
     try:
-        from chandrad.engine.vllm import VllmEngine  # type: ignore[import-not-found]
+        import vllm  # noqa: F401
     except ImportError as error:
         raise ConfigError(
-            f"engine.kind = \"vllm\" needs vLLM: pip install 'chandrad[vllm]' ({error})"
+            f"engine.kind = \"vllm\" needs vLLM in chandrad's environment: pip install 'chandrad[vllm]' "
+            f"(or set engine.url to a vLLM server, or kind = \"tesseract\") — {error}"
         ) from None
-    return VllmEngine(settings)  # type: ignore[no-any-return]
+    from chandrad.engine.layout import plan_engines
+    from chandrad.engine.supervisor import SupervisedEngine
+    from chandrad.engine.vllm import VllmEngine
+
+    plan_engines(settings, state_dir / "ec_cache")  # refuse impossible layouts now, not after a model load
+    return SupervisedEngine(lambda: VllmEngine(settings, state_dir), settings)

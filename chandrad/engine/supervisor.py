@@ -1,0 +1,232 @@
+"""Keep an engine alive for months: restart it when it dies, recycle it before it degrades.
+
+Two death channels, as in vLLM itself: a page whose request fails with ``EngineDied`` (the
+EngineCore crashed or was OOM-killed mid-batch), and a periodic health check for deaths while
+nothing is in flight. Either way the engine is torn down and started again with exponential
+backoff, and every page that was in flight is sent again: callers of ``ocr`` only ever see a
+result, a ``PermanentError`` for their page, or a timeout from the pipeline.
+
+Poison pages: a page that was in flight when the engine died becomes a *suspect*. Suspects are
+sent one at a time; a page that is in flight for ``poison_page_deaths`` deaths fails alone
+(``PermanentError``) so it cannot crash the engine forever.
+
+Planned recycle (after ``recycle_after_pages`` pages, or when memory passes
+``memory_watermark_gb``): new pages wait, pages in flight finish, then the engine process is
+restarted. Nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import structlog
+
+from chandrad.config import EngineSettings
+from chandrad.engine.base import PageRequest, PageResult
+from chandrad.engine.vllm import EngineDied, rss_bytes
+from chandrad.errors import PermanentError
+
+log = structlog.get_logger("chandrad.engine.supervisor")
+
+
+class RestartableEngine(Protocol):
+    name: str
+    model: str
+    stats: Any
+
+    async def start(self) -> None: ...
+    async def ocr(self, request: PageRequest) -> PageResult: ...
+    async def aclose(self) -> None: ...
+    async def check_health(self) -> None: ...
+    def engine_pids(self) -> list[int]: ...
+
+
+def gpu_memory_used_bytes() -> int | None:
+    """GPU memory in use on the visible devices (NVML), or None where NVML is not available."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        try:
+            return sum(
+                pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used
+                for i in range(pynvml.nvmlDeviceGetCount())
+            )
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None
+
+
+class SupervisedEngine:
+    def __init__(self, factory: Callable[[], RestartableEngine], settings: EngineSettings) -> None:
+        self._factory = factory
+        self.settings = settings
+        self.engine: RestartableEngine | None = None
+        self.name = "vllm"
+        self.model = settings.model
+        self.restarts = 0
+        self.recycles = 0
+        self._generation = 0
+        self._ready = asyncio.Event()
+        self._restart_lock = asyncio.Lock()
+        self._suspect_lock = asyncio.Lock()
+        self._deaths: dict[tuple[str, int], int] = {}
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._pages_since_start = 0
+        self._recycling = False
+        self._monitor: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._background.discard)
+
+    @property
+    def stats(self) -> Any:
+        return self.engine.stats if self.engine is not None else None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._start_engine()
+        self._monitor = asyncio.create_task(self._watch(), name="engine-monitor")
+
+    async def _start_engine(self) -> None:
+        engine = self._factory()
+        started = time.monotonic()
+        await asyncio.wait_for(engine.start(), self.settings.start_timeout_seconds)
+        self.engine = engine
+        self.model = engine.model
+        self._generation += 1
+        self._pages_since_start = 0
+        self._ready.set()
+        log.info("engine up", generation=self._generation, seconds=round(time.monotonic() - started, 1))
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._monitor is not None:
+            self._monitor.cancel()
+        for task in list(self._background):
+            task.cancel()
+        if self.engine is not None:
+            await self.engine.aclose()
+            self.engine = None
+
+    async def _restart(self, generation: int, reason: str, planned: bool = False) -> None:
+        """Replace the engine of ``generation`` (once, however many pages noticed its death)."""
+        async with self._restart_lock:
+            if generation != self._generation or self._closed:
+                return
+            self._ready.clear()
+            started = time.monotonic()
+            if planned:
+                await self._idle.wait()  # pages in flight finish first
+            old, self.engine = self.engine, None
+            if old is not None:
+                await old.aclose()
+            failures = 0
+            while not self._closed:
+                try:
+                    await self._start_engine()
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    failures += 1
+                    delay = min(self.settings.restart_backoff_seconds * 2 ** (failures - 1),
+                                self.settings.restart_backoff_max_seconds)
+                    log.error("engine failed to start; retrying", error=str(error), attempt=failures,
+                              retry_in_s=delay)
+                    await asyncio.sleep(delay)
+            if planned:
+                self.recycles += 1
+            else:
+                self.restarts += 1
+            log.warning("engine recycled" if planned else "engine restarted", reason=reason,
+                        seconds=round(time.monotonic() - started, 1), restarts=self.restarts,
+                        recycles=self.recycles)
+
+    async def _watch(self) -> None:
+        """Health checks (deaths while idle) and the memory watermark."""
+        while not self._closed:
+            await asyncio.sleep(self.settings.health_check_seconds)
+            engine, generation = self.engine, self._generation
+            if engine is None or not self._ready.is_set():
+                continue
+            try:
+                await engine.check_health()
+            except EngineDied as died:
+                await self._restart(generation, f"health check: {died.reason}")
+                continue
+            watermark = self.settings.memory_watermark_gb
+            if watermark is not None:
+                used = gpu_memory_used_bytes()
+                if used is None:
+                    used = rss_bytes(engine.engine_pids())
+                if used > watermark * 2**30:
+                    self._spawn(self._recycle(generation, f"memory {used / 2**30:.1f} GiB > {watermark} GiB"))
+
+    async def _recycle(self, generation: int, reason: str) -> None:
+        if self._recycling:
+            return
+        self._recycling = True
+        try:
+            await self._restart(generation, reason, planned=True)
+        finally:
+            self._recycling = False
+
+    # -- pages ---------------------------------------------------------------------------------
+
+    async def ocr(self, request: PageRequest) -> PageResult:
+        key = (request.doc_id, request.page_no)
+        while True:
+            suspect = self._deaths.get(key, 0) > 0
+            if suspect:
+                await self._suspect_lock.acquire()
+            died: EngineDied | None = None
+            try:
+                await self._ready.wait()
+                engine, generation = self.engine, self._generation
+                assert engine is not None
+                self._in_flight += 1
+                self._idle.clear()
+                try:
+                    result = await engine.ocr(request)
+                except EngineDied as error:
+                    died = error
+                finally:
+                    self._in_flight -= 1
+                    if self._in_flight == 0:
+                        self._idle.set()
+            finally:
+                if suspect:
+                    self._suspect_lock.release()
+            if died is not None:
+                deaths = self._deaths[key] = self._deaths.get(key, 0) + 1
+                log.warning("engine died with the page in flight", page=request.page_no, deaths=deaths,
+                            error=died.detail or died.reason)
+                if deaths >= self.settings.poison_page_deaths:
+                    self._deaths.pop(key, None)
+                    self._spawn(self._restart(generation, died.reason))
+                    raise PermanentError(
+                        f"page {request.page_no} was being read each of the {deaths} times the engine "
+                        f"crashed; it was set aside so the other pages can go on",
+                        stage="engine",
+                    )
+                # Pages still in flight on the dead engine fail too; one restart serves them all.
+                await self._restart(generation, died.reason)
+                continue
+            self._deaths.pop(key, None)
+            self._pages_since_start += 1
+            recycle_after = self.settings.recycle_after_pages
+            if recycle_after is not None and self._pages_since_start >= recycle_after and not self._recycling:
+                self._spawn(self._recycle(generation, f"planned after {self._pages_since_start} pages"))
+            return result

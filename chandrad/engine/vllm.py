@@ -1,0 +1,342 @@
+"""Chandra on vLLM: long-lived ``AsyncLLM`` engines shared by every page of every document.
+
+The prompt is Chandra's own (``chandra.prompts.PROMPT_MAPPING``) with the page image, rendered
+by the model's chat template; images are pre-scaled with ``chandra.model.util.scale_to_fit``.
+Generation is greedy first, then Chandra's retry ladder (rising temperature) while
+``detect_repeat_token`` sees a loop or the engine reports a recoverable error, at most
+``max_retries`` times. An engine that died raises ``EngineDied``: the supervisor restarts it and
+sends the page again.
+
+vLLM is imported only in ``start``: the daemon's process never touches CUDA itself (each
+``AsyncLLM`` runs its EngineCore in a child process with its own ``CUDA_VISIBLE_DEVICES``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+from chandra.model.util import detect_repeat_token, scale_to_fit
+from chandra.prompts import PROMPT_MAPPING
+from PIL import Image
+
+from chandrad.config import EngineSettings
+from chandrad.engine.base import PageRequest, PageResult
+from chandrad.engine.layout import EngineSpec, plan_engines
+from chandrad.errors import PermanentError, TransientError
+
+log = structlog.get_logger("chandrad.engine.vllm")
+
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+# For the CPU build of vLLM (tests, machines without a GPU): don't pin OpenMP threads to cores we
+# share with the daemon; run the model inside the EngineCore process (no extra worker process),
+# which is only stable with one OpenMP thread per process. Set only where the user has not.
+CPU_ENV = {
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+class EngineDied(TransientError):
+    """The engine process is gone (crash, OOM kill): restart it and send the page again."""
+
+
+def chandra_is_repeating(text: str) -> bool:
+    """Chandra's own loop test, as its vLLM client applies it."""
+    return detect_repeat_token(text) or (len(text) > 50 and detect_repeat_token(text, cut_from_end=50))
+
+
+@dataclass
+class EngineStats:
+    """What the engines' schedulers report, read by the supervisor and the tests."""
+
+    running: int = 0
+    waiting: int = 0
+    peak_running: int = 0
+    kv_cache_usage: float = 0.0
+    pages: int = 0
+    output_tokens: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+
+
+def _stat_logger_factory(stats: EngineStats) -> Any:
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class SchedulerWatcher(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.engine_index = engine_index
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                   engine_idx: int = 0) -> None:
+            if scheduler_stats is not None:
+                stats.running = scheduler_stats.num_running_reqs
+                stats.waiting = scheduler_stats.num_waiting_reqs
+                stats.peak_running = max(stats.peak_running, stats.running)
+                stats.kv_cache_usage = getattr(scheduler_stats, "kv_cache_usage", 0.0)
+
+        def log_engine_initialized(self) -> None:
+            return None
+
+    return SchedulerWatcher
+
+
+class _Instance:
+    """One AsyncLLM and what is needed to prompt it."""
+
+    def __init__(self, spec: EngineSpec, llm: Any, prompt_by_type: dict[str, str], stop_ids: list[int]) -> None:
+        self.spec = spec
+        self.llm = llm
+        self.prompt_by_type = prompt_by_type
+        self.stop_ids = stop_ids
+        self.in_flight = 0
+
+
+class VllmEngine:
+    name = "vllm"
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        state_dir: Path,
+        repeat_detector: Callable[[str], bool] = chandra_is_repeating,
+    ) -> None:
+        self.settings = settings
+        self.state_dir = state_dir
+        self.model = settings.model
+        self.repeat_detector = repeat_detector
+        self.stats = EngineStats()
+        self.specs = plan_engines(settings, state_dir / "ec_cache")
+        self._instances: list[_Instance] = []
+        self._encoders: list[_Instance] = []
+        self.vllm_version = ""
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        import vllm
+
+        self.vllm_version = vllm.__version__
+        self.stats = EngineStats()
+        try:
+            for spec in self.specs:
+                instance = await asyncio.to_thread(self._create, spec)
+                (self._encoders if spec.role == "encoder" else self._instances).append(instance)
+            await self._warm_up()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    def _create(self, spec: EngineSpec) -> _Instance:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        # The EngineCore child inherits the environment at spawn: set its GPUs and allocator first.
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        if _has_cuda_devices():
+            os.environ.update(spec.env)
+            os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
+        else:
+            for key, value in CPU_ENV.items():
+                os.environ.setdefault(key, value)
+        if spec.role == "encoder":
+            (self.state_dir / "ec_cache").mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        args = AsyncEngineArgs(**spec.engine_args)
+        llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.stats)])
+        tokenizer = llm.tokenizer if getattr(llm, "tokenizer", None) is not None else llm.get_tokenizer()
+        if inspect.isawaitable(tokenizer):  # older vLLM: async get_tokenizer
+            tokenizer = asyncio.run(tokenizer)
+        prompts = {
+            prompt_type: tokenizer.apply_chat_template(
+                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}],
+                tokenize=False, add_generation_prompt=True,
+            )
+            for prompt_type, text in PROMPT_MAPPING.items()
+        }
+        vocab = tokenizer.get_vocab()
+        stop_ids = [vocab[token] for token in STOP_TOKENS if token in vocab]
+        log.info("vllm engine started", engine=spec.name, gpus=spec.cuda_visible_devices,
+                 seconds=round(time.monotonic() - started, 1), vllm=self.vllm_version)
+        return _Instance(spec, llm, prompts, stop_ids)
+
+    async def _warm_up(self) -> None:
+        """One small page end to end: readiness means the engine has answered, not just loaded."""
+        page = Image.new("RGB", (448, 448), "white")
+        await self.ocr(PageRequest("warm-up", 0, page), max_tokens=8, retries=0)
+
+    async def aclose(self) -> None:
+        instances, self._instances, self._encoders = [*self._encoders, *self._instances], [], []
+        for instance in instances:
+            # shutdown() blocks for seconds while it stops the EngineCore: not on the event loop.
+            await asyncio.to_thread(_shutdown_quietly, instance.llm)
+
+    @property
+    def alive(self) -> bool:
+        instances = [*self._encoders, *self._instances]
+        return bool(instances) and not any(getattr(i.llm, "errored", False) for i in instances)
+
+    async def check_health(self) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        for instance in [*self._encoders, *self._instances]:
+            try:
+                await instance.llm.check_health()
+            except EngineDeadError as error:
+                raise EngineDied("the vLLM engine failed its health check", stage="engine") from error
+
+    def engine_pids(self) -> list[int]:
+        """Process ids of the EngineCore children (for memory watermarks)."""
+        pids = []
+        for child in _children(os.getpid()):
+            title = _cmdline(child)
+            if "EngineCore" in title or "VLLM" in title:
+                pids.append(child)
+        return pids
+
+    # -- pages ---------------------------------------------------------------------------------
+
+    async def ocr(self, request: PageRequest, max_tokens: int | None = None, retries: int | None = None) -> PageResult:
+        if not self._instances:
+            raise EngineDied("the vLLM engine is not running", stage="engine")
+        instance = min(self._instances, key=lambda i: i.in_flight)  # replicas: least busy first
+        image = scale_to_fit(request.image.convert("RGB"))
+        max_tokens = max_tokens or self.settings.max_tokens
+        max_retries = self.settings.max_retries if retries is None else retries
+        started = time.monotonic()
+        instance.in_flight += 1
+        try:
+            if self._encoders:
+                await self._generate(self._encoders[0], request, image, 1, 0.0, 1.0, attempt=-1)
+            attempt = 0
+            temperature, top_p = 0.0, 0.1
+            while True:
+                try:
+                    output = await self._generate(instance, request, image, max_tokens, temperature, top_p, attempt)
+                    error = None
+                except TransientError as recoverable:
+                    if isinstance(recoverable, EngineDied):
+                        raise
+                    output, error = None, recoverable
+                text = output.outputs[0].text if output is not None else ""
+                repeating = output is not None and self.repeat_detector(text)
+                if (repeating or error is not None) and attempt < max_retries:
+                    attempt += 1
+                    temperature, top_p = min(0.2 * attempt, 0.8), 0.95
+                    log.info("retrying page", page=request.page_no, attempt=attempt,
+                             why="repetition" if repeating else error.reason)  # type: ignore[union-attr]
+                    continue
+                if output is None:
+                    assert error is not None
+                    raise error
+                completion = output.outputs[0]
+                self.stats.pages += 1
+                self.stats.output_tokens += len(completion.token_ids)
+                return PageResult(
+                    html=text,
+                    prompt_tokens=len(output.prompt_token_ids or []),
+                    output_tokens=len(completion.token_ids),
+                    finish_reason="repetition" if repeating else str(completion.finish_reason),
+                    retries=attempt,
+                    latency_s=time.monotonic() - started,
+                )
+        finally:
+            instance.in_flight -= 1
+
+    async def _generate(
+        self, instance: _Instance, request: PageRequest, image: Image.Image, max_tokens: int,
+        temperature: float, top_p: float, attempt: int,
+    ) -> Any:
+        from vllm import SamplingParams
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:
+            from vllm.exceptions import VLLMValidationError as PromptRejected  # vLLM >= 0.3x
+        except ImportError:  # older vLLM reports an over-long prompt as ValueError
+            PromptRejected = ValueError  # noqa: N806
+
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop_token_ids=instance.stop_ids,
+            ignore_eos=self.settings.bench_force_max_tokens, seed=attempt if temperature > 0 else None,
+        )
+        prompt = {"prompt": instance.prompt_by_type[request.prompt_type], "multi_modal_data": {"image": image}}
+        request_id = f"{request.doc_id}-p{request.page_no}-a{attempt}-{uuid.uuid4().hex[:8]}"
+        final = None
+        try:
+            async for output in instance.llm.generate(prompt, params, request_id=request_id):
+                final = output
+        except EngineDeadError as error:
+            raise EngineDied("the vLLM engine process died", stage="engine", detail=str(error)) from error
+        except PromptRejected as error:
+            raise PermanentError(
+                f"page {request.page_no} does not fit the model ({error}); lower engine.max_pixels or raise "
+                f"engine.max_model_len", stage="engine",
+            ) from None
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # vLLM's recoverable per-request errors (EngineGenerateError, ...)
+            if getattr(instance.llm, "errored", False):
+                raise EngineDied("the vLLM engine failed", stage="engine", detail=str(error)) from error
+            raise TransientError(f"the engine could not generate: {error}", stage="engine") from error
+        if final is None:
+            raise TransientError("the engine returned no output", stage="engine")
+        return final
+
+
+def _shutdown_quietly(llm: Any) -> None:
+    try:
+        llm.shutdown()
+    except Exception as error:  # a dead engine may fail to shut down cleanly; it is gone either way
+        log.debug("engine shutdown raised", error=str(error))
+
+
+def _has_cuda_devices() -> bool:
+    from chandrad.engine import cuda_gpu_visible
+
+    return cuda_gpu_visible()
+
+
+def _children(pid: int) -> list[int]:
+    """All descendants of ``pid`` (from /proc; no psutil needed)."""
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                for child in handle.read().split():
+                    found.append(int(child))
+                    found.extend(_children(int(child)))
+        except OSError:
+            continue
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def rss_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as handle:
+                total += int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
