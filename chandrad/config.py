@@ -126,6 +126,11 @@ class EngineSettings(_Strict):
     # error, retry with rising temperature, at most max_retries times.
     max_tokens: int = Field(default=12384, ge=1)
     max_retries: int = Field(default=6, ge=0)
+    # vLLM's built-in loop detector (where the installed vLLM has it): stop a page whose output ends
+    # in a pattern of up to this many tokens repeated repetition_min_count times; 0 turns it off.
+    # Conservative on purpose: long runs of empty table cells are legitimate repetition.
+    repetition_max_pattern_tokens: int = Field(default=32, ge=0)
+    repetition_min_count: int = Field(default=40, ge=2)
     # Benchmarks only: generate exactly max_tokens tokens per page (random-weight stand-ins).
     bench_force_max_tokens: bool = False
 

@@ -256,8 +256,10 @@ class Pipeline:
                     ),
                 )
                 self.pages_done += 1
+                engine_stats = getattr(self.engine, "stats", None)
                 log.info("page done", page=page.page_no, of=prepared.page_count,
-                         seconds=round(result.latency_s, 2), tokens=result.output_tokens)
+                         seconds=round(result.latency_s, 2), tokens=result.output_tokens, retries=result.retries,
+                         engine_peak_running=getattr(engine_stats, "peak_running", None))
 
         staging.mkdir(parents=True, exist_ok=True)
         try:

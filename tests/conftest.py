@@ -40,7 +40,9 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
 class DaemonProcess:
     """``chandrad run`` in a child process, on a throwaway inbox/outbox/archive/failed tree."""
 
-    def __init__(self, root: Path, extra_config: str = "", inbox_config: str = "") -> None:
+    def __init__(
+        self, root: Path, extra_config: str = "", inbox_config: str = "", engine_config: str = 'kind = "tesseract"'
+    ) -> None:
         self.root = root
         self.inbox = root / "inbox"
         self.outbox = root / "outbox"
@@ -51,7 +53,7 @@ class DaemonProcess:
         self.log_path = root / "daemon.log"
         self.config.write_text(
             f'state_dir = "{self.state}"\nlog_format = "json"\nretry_backoff_seconds = 1\n{extra_config}\n'
-            f'[engine]\nkind = "tesseract"\n\n'
+            f'[engine]\n{engine_config}\n\n'
             f'[[inbox]]\npath = "{self.inbox}"\nrescan_seconds = 5\n{inbox_config}\n'
             + ("" if "settle_seconds" in inbox_config else "settle_seconds = 1\n")
         )

@@ -113,8 +113,12 @@ def plan_engines(settings: EngineSettings, ec_storage: Path | None = None) -> li
     storage = {"shared_storage_path": str(ec_storage)}
     producer = {
         **base,
+        # vLLM 0.26 does not derive these from ec_role (0.3x does): an encoder-only engine without
+        # KV cache, whole prompts in one step, no CUDA graphs for an encoder pass.
         "mm_encoder_only": True,
         "enable_prefix_caching": False,
+        "enforce_eager": True,
+        "max_num_batched_tokens": max(settings.max_model_len, 114688),
         "ec_transfer_config": {
             "ec_connector": "ECExampleConnector", "ec_role": "ec_producer", "ec_connector_extra_config": storage,
         },

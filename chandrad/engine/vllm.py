@@ -171,7 +171,7 @@ class VllmEngine:
 
     async def _warm_up(self) -> None:
         """One small page end to end: readiness means the engine has answered, not just loaded."""
-        page = Image.new("RGB", (448, 448), "white")
+        page = Image.new("RGB", (224, 224), "white")  # the smallest page scale_to_fit makes
         await self.ocr(PageRequest("warm-up", 0, page), max_tokens=8, retries=0)
 
     async def aclose(self) -> None:
@@ -197,8 +197,8 @@ class VllmEngine:
     def engine_pids(self) -> list[int]:
         """Process ids of the EngineCore children (for memory watermarks)."""
         pids = []
-        for child in _children(os.getpid()):
-            title = _cmdline(child)
+        for child in descendant_pids(os.getpid()):
+            title = process_cmdline(child)
             if "EngineCore" in title or "VLLM" in title:
                 pids.append(child)
         return pids
@@ -228,7 +228,9 @@ class VllmEngine:
                         raise
                     output, error = None, recoverable
                 text = output.outputs[0].text if output is not None else ""
-                repeating = output is not None and self.repeat_detector(text)
+                repeating = output is not None and (
+                    output.outputs[0].finish_reason == "repetition" or self.repeat_detector(text)
+                )
                 if (repeating or error is not None) and attempt < max_retries:
                     attempt += 1
                     temperature, top_p = min(0.2 * attempt, 0.8), 0.95
@@ -259,14 +261,15 @@ class VllmEngine:
         from vllm import SamplingParams
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        try:
-            from vllm.exceptions import VLLMValidationError as PromptRejected  # vLLM >= 0.3x
-        except ImportError:  # older vLLM reports an over-long prompt as ValueError
-            PromptRejected = ValueError  # noqa: N806
+        from vllm.exceptions import VLLMValidationError
 
+        # An over-long prompt: VLLMValidationError (a ValueError subclass in 0.26, not in 0.32),
+        # or a plain ValueError from 0.26's engine-level length check.
+        prompt_rejected = (VLLMValidationError, ValueError)
         params = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop_token_ids=instance.stop_ids,
             ignore_eos=self.settings.bench_force_max_tokens, seed=attempt if temperature > 0 else None,
+            **self._repetition_detection(),
         )
         prompt = {"prompt": instance.prompt_by_type[request.prompt_type], "multi_modal_data": {"image": image}}
         request_id = f"{request.doc_id}-p{request.page_no}-a{attempt}-{uuid.uuid4().hex[:8]}"
@@ -276,7 +279,7 @@ class VllmEngine:
                 final = output
         except EngineDeadError as error:
             raise EngineDied("the vLLM engine process died", stage="engine", detail=str(error)) from error
-        except PromptRejected as error:
+        except prompt_rejected as error:
             raise PermanentError(
                 f"page {request.page_no} does not fit the model ({error}); lower engine.max_pixels or raise "
                 f"engine.max_model_len", stage="engine",
@@ -292,6 +295,20 @@ class VllmEngine:
         return final
 
 
+    def _repetition_detection(self) -> dict[str, Any]:
+        """vLLM's own loop detector stops a looping page early (finish "repetition"), where it exists."""
+        max_pattern = self.settings.repetition_max_pattern_tokens
+        if not max_pattern or self.settings.bench_force_max_tokens:
+            return {}
+        try:
+            from vllm.sampling_params import RepetitionDetectionParams
+        except ImportError:
+            return {}
+        return {"repetition_detection": RepetitionDetectionParams(
+            max_pattern_size=max_pattern, min_count=self.settings.repetition_min_count,
+        )}
+
+
 def _shutdown_quietly(llm: Any) -> None:
     try:
         llm.shutdown()
@@ -305,7 +322,7 @@ def _has_cuda_devices() -> bool:
     return cuda_gpu_visible()
 
 
-def _children(pid: int) -> list[int]:
+def descendant_pids(pid: int) -> list[int]:
     """All descendants of ``pid`` (from /proc; no psutil needed)."""
     found = []
     try:
@@ -317,13 +334,13 @@ def _children(pid: int) -> list[int]:
             with open(f"/proc/{pid}/task/{task}/children") as handle:
                 for child in handle.read().split():
                     found.append(int(child))
-                    found.extend(_children(int(child)))
+                    found.extend(descendant_pids(int(child)))
         except OSError:
             continue
     return found
 
 
-def _cmdline(pid: int) -> str:
+def process_cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             return handle.read().replace(b"\0", b" ").decode(errors="replace")

