@@ -314,6 +314,9 @@ def _shutdown_quietly(llm: Any) -> None:
         llm.shutdown()
     except Exception as error:  # a dead engine may fail to shut down cleanly; it is gone either way
         log.debug("engine shutdown raised", error=str(error))
+    # AsyncLLM.__del__ calls shutdown() again; at interpreter exit that raises a TypeError into
+    # the log. It is done: make the second call a no-op.
+    llm.shutdown = lambda *args, **kwargs: None
 
 
 def _has_cuda_devices() -> bool:
