@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test setup-run setup-test bench soak clean
+.PHONY: run test setup-run setup-test bench soak clean install
 
 setup-run:
 	@VENV=$(VENV) scripts/setup.sh run
@@ -25,6 +25,10 @@ soak: setup-test
 
 bench: setup-test
 	$(PY) bench/prepare.py
+
+# As root: service user, units, /etc/chandrad/config.toml, /opt/chandrad/venv (see scripts/install-service.sh).
+install: setup-run
+	scripts/install-service.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

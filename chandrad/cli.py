@@ -24,6 +24,7 @@ from chandrad.engine import create_engine, cuda_gpu_visible
 from chandrad.errors import ConfigError
 from chandrad.journal import Journal
 from chandrad.logs import configure_logging
+from chandrad.notify import Notifier
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -66,7 +67,7 @@ def run(config_path: Path | None) -> None:
     settings = _load(config_path)
     configure_logging(settings.log_format, settings.log_level)
     try:
-        code = asyncio.run(Daemon(settings, config_path).serve())
+        code = asyncio.run(Daemon(settings, config_path, notifier=Notifier.from_environment()).serve())
     except ConfigError as error:
         click.echo(f"chandrad: {error}", err=True)
         sys.exit(EXIT_CONFIG)

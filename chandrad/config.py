@@ -203,6 +203,11 @@ class Settings(BaseSettings):
     # Share of a document's pages that may fail (e.g. a page the model cannot take) while the rest
     # is still published, with the gaps marked. 0: any failed page fails the document.
     max_page_error_rate: float = Field(default=0.0, ge=0, le=1)
+    # Prometheus /metrics on host:port (local by default); "" turns it off.
+    metrics_address: str = "127.0.0.1:9325"
+    # systemd watchdog: pages at the engine with none finishing for this long means the pipeline
+    # is hung, and the pings stop (systemd then restarts chandrad). Default: engine.page_timeout_seconds.
+    watchdog_stall_seconds: float | None = Field(default=None, gt=0)
     engine: EngineSettings = EngineSettings()
     prepare: PrepareSettings = PrepareSettings()
     inbox: tuple[InboxSettings, ...] = ()

@@ -21,6 +21,8 @@ from chandrad.config import Settings, load_settings, prepare_folders
 from chandrad.engine import Engine, create_engine
 from chandrad.errors import ConfigError
 from chandrad.journal import Journal
+from chandrad.metrics import Metrics, ObservedEngine
+from chandrad.notify import Notifier
 from chandrad.pipeline import Pipeline
 from chandrad.watch import InboxWatcher, SettledFile
 
@@ -29,11 +31,26 @@ log = structlog.get_logger("chandrad.daemon")
 # Settled files waiting for intake; when full, watchers wait (backpressure) instead of piling up.
 INTAKE_QUEUE_SIZE = 256
 RETRY_POLL_SECONDS = 1.0
+TICK_SECONDS = 1.0
+# A watcher that has not ticked for this long (its rescan can take a while on a big share) is hung.
+WATCHER_STALL_SECONDS = 120.0
+# While a large model loads, systemd's start timeout is pushed out by this much at a time.
+EXTEND_START_SECONDS = 90.0
 
 
 class Daemon:
-    def __init__(self, settings: Settings, config_path: Path | None = None, engine: Engine | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        config_path: Path | None = None,
+        engine: Engine | None = None,
+        notifier: Notifier | None = None,
+    ) -> None:
         self.settings = settings
+        self.notifier = notifier or Notifier(None)
+        self.metrics = Metrics()
+        self.observed: ObservedEngine | None = None
+        self.ready = False
         self.config_path = config_path
         self.engine = engine
         self.should_exit = asyncio.Event()
@@ -46,6 +63,7 @@ class Daemon:
         self._watch_tasks: dict[str, asyncio.Task[None]] = {}
         self.journal: Journal | None = None
         self.pipeline: Pipeline | None = None
+        self._rate_window: list[tuple[float, int]] = []
         self.started = False
 
     # -- phases --------------------------------------------------------------------------------
@@ -68,13 +86,27 @@ class Daemon:
     async def startup(self) -> None:
         prepare_folders(self.settings)
         self.journal = Journal(self.settings.state_dir / "journal.sqlite3")
+        if self.settings.metrics_address:
+            try:
+                self.metrics.serve(self.settings.metrics_address)
+            except OSError as error:
+                raise ConfigError(
+                    f"cannot serve metrics on {self.settings.metrics_address}: {error.strerror}; "
+                    f"change metrics_address (or set it to \"\" to turn metrics off)"
+                ) from None
         if self.engine is None:
             self.engine = create_engine(self.settings.engine, self.settings.state_dir)
         started = time.monotonic()
-        await self.engine.start()
+        self.notifier.status(f"loading the {self.engine.name} engine ({self.engine.model})")
+        keep_systemd_waiting = asyncio.create_task(self._extend_start_timeout())
+        try:
+            await self.engine.start()
+        finally:
+            keep_systemd_waiting.cancel()
         log.info("engine ready", engine=self.engine.name, model=self.engine.model,
                  seconds=round(time.monotonic() - started, 1))
-        self.pipeline = Pipeline(self.settings, self.journal, self.engine)
+        self.observed = ObservedEngine(self.engine, self.metrics)
+        self.pipeline = Pipeline(self.settings, self.journal, self.observed)  # type: ignore[arg-type]
         for doc_id in await self.pipeline.recover():
             self._enqueue(doc_id)
         self.started = True
@@ -90,8 +122,7 @@ class Daemon:
             workers = [
                 group.create_task(self._worker()) for _ in range(self.settings.max_documents_in_flight)
             ]
-            log.info("chandrad running", inboxes=[inbox.name for inbox in self.settings.inbox],
-                     documents_in_flight=self.settings.max_documents_in_flight)
+            loops.append(group.create_task(self._supervised("tick", self._tick_loop)))
             while not self.should_exit.is_set():
                 reload_wait = asyncio.ensure_future(self.reload_requested.wait())
                 exit_wait = asyncio.ensure_future(self.should_exit.wait())
@@ -102,6 +133,7 @@ class Daemon:
                     self.reload_requested.clear()
                     self.reload()
 
+            self.notifier.stopping()
             log.info("stopping: no new documents are taken", in_flight=len(self.active))
             for task in [*self._watch_tasks.values(), *loops]:
                 task.cancel()
@@ -115,12 +147,15 @@ class Daemon:
                     task.cancel()
 
     async def shutdown(self) -> None:
+        self.metrics.ready.set(0)
         for watcher in self.watchers.values():
             watcher.stop_observer()
         if self.engine is not None:
             await self.engine.aclose()
         if self.journal is not None:
             self.journal.close()
+        self.metrics.close()
+        self.notifier.close()
         log.info("chandrad stopped")
 
     # -- signals (handlers only set flags) ------------------------------------------------------
@@ -139,7 +174,9 @@ class Daemon:
             prepare_folders(new_settings)
         except ConfigError as error:
             log.error("reload refused: keeping the running configuration", error=str(error))
+            self.notifier.status(f"reload refused, running the old configuration: {error}".splitlines()[0])
             return
+        self.notifier.reloading()
         if new_settings.engine != self.settings.engine or new_settings.state_dir != self.settings.state_dir:
             log.warning("engine and state_dir changes take effect at the next restart")
         self.settings = new_settings.model_copy(
@@ -152,6 +189,7 @@ class Daemon:
         for watcher in self.watchers.values():
             watcher.stop_observer()
         self._start_watchers()
+        self.notifier.ready(self.status_line())
         log.info("configuration reloaded", inboxes=[inbox.name for inbox in self.settings.inbox])
 
     # -- loops ---------------------------------------------------------------------------------
@@ -211,7 +249,89 @@ class Daemon:
                 return
             self.enqueued.discard(doc_id)
             self.active.add(doc_id)
+            started = time.monotonic()
             try:
-                await self.pipeline.process(doc_id)
+                outcome = await self.pipeline.process(doc_id)
             finally:
                 self.active.discard(doc_id)
+            inbox = (await self.journal.call(self.journal.get, doc_id)).inbox if self.journal else ""
+            self.metrics.documents.labels(inbox, "retried" if outcome.state == "queued" else outcome.state).inc()
+            self.metrics.stage_seconds.labels("document").observe(time.monotonic() - started)
+
+    # -- systemd and metrics --------------------------------------------------------------------
+
+    async def _extend_start_timeout(self) -> None:
+        """Loading a large model can outlast TimeoutStartSec: keep telling systemd we are working."""
+        while True:
+            self.notifier.extend_timeout(EXTEND_START_SECONDS)
+            await asyncio.sleep(EXTEND_START_SECONDS / 3)
+
+    def status_line(self) -> str:
+        observed = self.observed
+        engine_state = getattr(self.engine, "state", "up")
+        restarts = getattr(self.engine, "restarts", 0)
+        pages_per_min = 0.0
+        if observed is not None and self._rate_window:
+            (t0, n0), (t1, n1) = self._rate_window[0], self._rate_window[-1]
+            pages_per_min = (n1 - n0) / max(t1 - t0, 1e-9) * 60
+        return (
+            f"{len(self.enqueued)} queued, {len(self.active)} in progress, "
+            f"{observed.in_flight if observed else 0} pages at the engine, {pages_per_min:.1f} pages/min; "
+            f"engine {self.engine.name if self.engine else '-'} {engine_state}"
+            + (f" ({restarts} restarts)" if restarts else "")
+        )
+
+    async def healthy(self) -> tuple[bool, str]:
+        """Whether the pipeline is alive: watchers tick, the journal answers, pages make progress."""
+        now = time.monotonic()
+        for name, watcher in self.watchers.items():
+            if now - watcher.last_tick > WATCHER_STALL_SECONDS:
+                return False, f"watcher {name} has not ticked for {now - watcher.last_tick:.0f} s"
+        assert self.journal is not None
+        try:
+            await asyncio.wait_for(self.journal.call(self.journal.counts), 10)
+        except TimeoutError:
+            return False, "the journal does not answer"
+        observed = self.observed
+        stall = self.settings.watchdog_stall_seconds or self.settings.engine.page_timeout_seconds
+        if observed is not None and observed.in_flight and now - observed.last_progress > stall:
+            return False, f"{observed.in_flight} pages at the engine and none finished for {now - observed.last_progress:.0f} s"
+        return True, ""
+
+    async def _tick_loop(self) -> None:
+        """Once a second: READY once armed, STATUS when it changes, WATCHDOG while healthy, gauges."""
+        armed_since = time.monotonic()
+        last_status = ""
+        last_ping = 0.0
+        was_healthy = True
+        while True:
+            now = time.monotonic()
+            if not self.ready and all(w.last_tick > armed_since for w in self.watchers.values()):
+                self.ready = True
+                self.metrics.ready.set(1)
+                self.notifier.ready(self.status_line())
+                log.info("chandrad ready", inboxes=[inbox.name for inbox in self.settings.inbox],
+                         documents_in_flight=self.settings.max_documents_in_flight)
+            if self.observed is not None:
+                self._rate_window.append((now, self.observed.pages_done))
+                while self._rate_window and now - self._rate_window[0][0] > 60:
+                    self._rate_window.pop(0)
+            status = self.status_line()
+            if status != last_status and self.ready:
+                self.notifier.status(status)
+                last_status = status
+            self.metrics.queue_depth.labels("intake").set(self.intake_queue.qsize())
+            self.metrics.queue_depth.labels("documents").set(len(self.enqueued))
+            self.metrics.documents_in_flight.set(len(self.active))
+            self.metrics.engine_restarts.set(getattr(self.engine, "restarts", 0))
+            self.metrics.engine_recycles.set(getattr(self.engine, "recycles", 0))
+            interval = self.notifier.watchdog_interval
+            if interval is not None and self.ready and now - last_ping >= interval:
+                healthy, why = await self.healthy()
+                if healthy:
+                    self.notifier.watchdog()
+                    last_ping = now
+                elif was_healthy:
+                    log.error("pipeline looks hung: watchdog pings stop, systemd will restart chandrad", why=why)
+                was_healthy = healthy
+            await asyncio.sleep(TICK_SECONDS)

@@ -53,15 +53,16 @@ class DaemonProcess:
         self.log_path = root / "daemon.log"
         self.config.write_text(
             f'state_dir = "{self.state}"\nlog_format = "json"\nretry_backoff_seconds = 1\n{extra_config}\n'
-            f'[engine]\n{engine_config}\n\n'
+            + ("" if "metrics_address" in extra_config else 'metrics_address = ""\n')
+            + f'[engine]\n{engine_config}\n\n'
             f'[[inbox]]\npath = "{self.inbox}"\nrescan_seconds = 5\n{inbox_config}\n'
             + ("" if "settle_seconds" in inbox_config else "settle_seconds = 1\n")
         )
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> DaemonProcess:
+    def start(self, env: dict[str, str] | None = None) -> DaemonProcess:
         log = open(self.log_path, "ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "chandrad", "run", "--config", str(self.config)],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root,

@@ -90,6 +90,10 @@ class SupervisedEngine:
         task.add_done_callback(self._background.discard)
 
     @property
+    def state(self) -> str:
+        return "up" if self._ready.is_set() else ("starting" if self._generation == 0 else "restarting")
+
+    @property
     def stats(self) -> Any:
         return self.engine.stats if self.engine is not None else None
 
