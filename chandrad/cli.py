@@ -65,7 +65,7 @@ def run(config_path: Path | None) -> None:
     from chandrad.daemon import Daemon
 
     settings = _load(config_path)
-    configure_logging(settings.log_format, settings.log_level)
+    configure_logging(settings.log_format, settings.log_level, settings.journal_socket)
     try:
         code = asyncio.run(Daemon(settings, config_path, notifier=Notifier.from_environment()).serve())
     except ConfigError as error:

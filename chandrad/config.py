@@ -192,7 +192,9 @@ class Settings(BaseSettings):
     )
 
     state_dir: Path = Path("/var/lib/chandrad")
-    log_format: Literal["auto", "json", "console"] = "auto"
+    # "auto": journald's native fields under systemd, JSON lines when not on a terminal, else pretty.
+    log_format: Literal["auto", "json", "console", "journald"] = "auto"
+    journal_socket: Path = Path("/run/systemd/journal/socket")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     max_documents_in_flight: int = Field(default=4, ge=1)
     # A transient failure (engine died, disk full, timeout) is retried this many times in all.

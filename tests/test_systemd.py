@@ -158,3 +158,43 @@ def test_metrics_are_served_on_the_configured_address(daemon_factory):
     assert 'chandrad_stage_seconds_count{stage="page"} 1.0' in body
     assert "chandrad_queue_depth" in body and "chandrad_engine_restarts" in body
     assert "chandrad_ready 1.0" in body
+
+
+def test_under_systemd_log_events_reach_journald_with_filterable_fields(daemon_factory, tmp_path):
+    journal = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    journal.bind(str(tmp_path / "journal.sock"))
+    journal.settimeout(0.5)
+    daemon = daemon_factory(extra_config=f'journal_socket = "{tmp_path / "journal.sock"}"')
+    daemon.config.write_text(daemon.config.read_text().replace('log_format = "json"', 'log_format = "auto"'))
+    daemon.log_path.touch()
+    st = daemon.log_path.stat()  # the daemon's stderr is this file: as if systemd had connected it
+    proc_env = {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
+    entries: list[dict[str, str]] = []
+
+    def read_entries() -> list[dict[str, str]]:
+        while True:
+            try:
+                data = journal.recv(65536)
+            except (TimeoutError, BlockingIOError):
+                return entries
+            entries.append(dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line))
+
+    import json as _json
+
+    daemon.proc = subprocess.Popen(
+        [sys.executable, "-m", "chandrad", "run", "--config", str(daemon.config)],
+        stdout=open(daemon.log_path, "ab"), stderr=subprocess.STDOUT, env={**os.environ, **proc_env},
+    )
+    try:
+        wait_for(lambda: any(e.get("MESSAGE") == "watching inbox" for e in read_entries()), 60, "journald entries")
+        drop(corpus_file("trivial.pdf"), daemon.inbox)
+        wait_for(lambda: any(e.get("MESSAGE") == "document published" for e in read_entries()), 120, "a document")
+    finally:
+        daemon.stop()
+        journal.close()
+    published = next(e for e in entries if e.get("MESSAGE") == "document published")
+    assert published["INBOX"] == "inbox" and published["FILE"] == "trivial.pdf" and len(published["DOC"]) == 16
+    assert published["PRIORITY"] == "6" and published["SYSLOG_IDENTIFIER"] == "chandrad"
+    assert _json.loads(published["CHANDRAD_JSON"])["doc"] == published["DOC"]
+    pages = [e for e in entries if e.get("MESSAGE") == "page done"]
+    assert pages and pages[0]["PAGE"] == "1"
