@@ -11,8 +11,10 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -202,3 +204,50 @@ def test_a_page_that_does_not_fit_fails_alone_and_the_daemon_keeps_going(daemon_
     assert document["failed_pages"] == [2] and "does not fit" in document["pages"][1]["error"]
     assert "page 2 could not be read" in (daemon.outbox / "mixed" / "mixed.md").read_text()
     assert daemon.alive
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_model):
+    """vLLM's OpenAI-compatible server (CPU build) on a loopback port, serving the tiny model as "chandra"."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "VLLM_NO_USAGE_STATS": "1"}
+    # The api_server module rather than the `vllm serve` CLI: vllm-cpu's CLI asks for the metadata
+    # of a distribution called "vllm" and dies, since its distribution is named "vllm-cpu".
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
+         "--served-model-name", "chandra", "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096",
+         "--enforce-eager", "--kv-cache-memory-bytes", str(2**28), "--max-num-seqs", "8",
+         "--limit-mm-per-prompt", '{"image": 1, "video": 0}',
+         "--mm-processor-kwargs", '{"size": {"shortest_edge": 4096, "longest_edge": 262144}}'],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+
+    def answering() -> bool:
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(lambda: answering() or server.poll() is not None, 180, "the vLLM server")
+        assert server.poll() is None, "the vLLM server exited at start"
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
+
+
+def test_daemon_on_a_remote_vllm_server_publishes_with_the_same_outputs(daemon_factory, vllm_server):
+    daemon = daemon_factory(
+        engine_config=f'kind = "vllm"\nurl = "{vllm_server}"\nmax_tokens = 48\nmax_retries = 1'
+    ).start()
+    drop(corpus_file("cardinal.pdf"), daemon.inbox)
+    wait_for(lambda: daemon.settled_all(1), 180, "the document through the remote server")
+    document = json.loads((daemon.outbox / "cardinal" / "cardinal.json").read_text())
+    assert document["engine"] == "vllm-remote" and document["model"] == "chandra"
+    assert document["num_pages"] == 4
+    assert all(page["prompt_tokens"] > 0 and 0 < page["output_tokens"] <= 48 for page in document["pages"])
+    assert daemon.stop() == 0
