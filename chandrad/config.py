@@ -45,6 +45,8 @@ class InboxSettings(_Strict):
     poll_interval_seconds: float = Field(default=5.0, gt=0)
     rescan_seconds: float = Field(default=300.0, gt=0)
     settle_seconds: float = Field(default=5.0, ge=0)
+    # Scanners that create the name empty and fill it later: an empty file must stay empty this long.
+    empty_settle_seconds: float = Field(default=60.0, ge=0)
     include: tuple[str, ...] = ("*",)
     ignore: tuple[str, ...] = ()
     on_success: Literal["archive", "delete", "keep"] = "archive"

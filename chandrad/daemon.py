@@ -19,6 +19,7 @@ import structlog
 
 from chandrad.config import Settings, load_settings, prepare_folders
 from chandrad.engine import Engine, create_engine
+from chandrad.engine.supervisor import gpu_memory_used_bytes
 from chandrad.errors import ConfigError
 from chandrad.journal import Journal
 from chandrad.metrics import Metrics, ObservedEngine
@@ -303,6 +304,7 @@ class Daemon:
         armed_since = time.monotonic()
         last_status = ""
         last_ping = 0.0
+        last_gpu_sample = 0.0
         was_healthy = True
         while True:
             now = time.monotonic()
@@ -325,6 +327,11 @@ class Daemon:
             self.metrics.documents_in_flight.set(len(self.active))
             self.metrics.engine_restarts.set(getattr(self.engine, "restarts", 0))
             self.metrics.engine_recycles.set(getattr(self.engine, "recycles", 0))
+            if self.engine is not None and self.engine.name == "vllm" and now - last_gpu_sample >= 10:
+                last_gpu_sample = now
+                used = await asyncio.to_thread(gpu_memory_used_bytes)
+                if used is not None:
+                    self.metrics.gpu_memory.set(used)
             interval = self.notifier.watchdog_interval
             if interval is not None and self.ready and now - last_ping >= interval:
                 healthy, why = await self.healthy()

@@ -98,11 +98,17 @@ class _Observation:
     unchanged_since: float
 
 
+# Some scanners create the final name empty and only later fill it: an empty file must stay
+# empty this much longer before it is taken (and then refused as empty).
+EMPTY_FILE_SETTLE_SECONDS = 60.0
+
+
 class SettleTracker:
     """Pure bookkeeping of candidate files; the clock is passed in, so tests need no sleeping."""
 
-    def __init__(self, settle_seconds: float) -> None:
+    def __init__(self, settle_seconds: float, empty_settle_seconds: float = EMPTY_FILE_SETTLE_SECONDS) -> None:
         self.settle_seconds = settle_seconds
+        self.empty_settle_seconds = max(settle_seconds, empty_settle_seconds)
         self._seen: dict[Path, _Observation] = {}
 
     def __len__(self) -> int:
@@ -124,7 +130,8 @@ class SettleTracker:
 
     def pop_settled(self, now: float) -> list[tuple[Path, _Observation]]:
         settled = [
-            (path, obs) for path, obs in self._seen.items() if now - obs.unchanged_since >= self.settle_seconds
+            (path, obs) for path, obs in self._seen.items()
+            if now - obs.unchanged_since >= (self.empty_settle_seconds if obs.size == 0 else self.settle_seconds)
         ]
         for path, _ in settled:
             del self._seen[path]
@@ -193,7 +200,7 @@ class InboxWatcher:
     ) -> None:
         self.inbox = inbox
         self.rules = IgnoreRules.for_inbox(inbox)
-        self.tracker = SettleTracker(inbox.settle_seconds)
+        self.tracker = SettleTracker(inbox.settle_seconds, inbox.empty_settle_seconds)
         self.polling = wants_polling(inbox)
         self._emit = emit
         self._clock = clock

@@ -33,6 +33,18 @@ def test_the_tracker_never_gives_up_on_a_file_that_keeps_changing():
     assert path in tracker
 
 
+def test_an_empty_file_waits_longer_since_scanners_create_the_name_before_filling_it():
+    tracker = SettleTracker(settle_seconds=2, empty_settle_seconds=60)
+    path = Path("/inbox/scan.pdf")
+    tracker.observe(path, size=0, mtime_ns=1, kind="regular", now=0)
+    assert tracker.pop_settled(now=59) == []
+    tracker.observe(path, size=5000, mtime_ns=2, kind="regular", now=59)  # the scanner starts writing
+    assert tracker.pop_settled(now=60) == []
+    assert [p for p, _ in tracker.pop_settled(now=61)] == [path]
+    tracker.observe(path, size=0, mtime_ns=3, kind="regular", now=100)
+    assert [p for p, _ in tracker.pop_settled(now=160)] == [path], "a file that stays empty is taken in the end"
+
+
 @pytest.mark.parametrize(
     "rel_path",
     [".DS_Store", "._scan.pdf", "Thumbs.db", "desktop.ini", "~$report.docx", ".~lock.report.odt#", "scan.pdf.part",
