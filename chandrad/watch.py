@@ -128,10 +128,14 @@ class SettleTracker:
     def paths(self) -> list[Path]:
         return list(self._seen)
 
+    def _wait_for(self, obs: _Observation) -> float:
+        empty_regular_file = obs.kind == "regular" and obs.size == 0
+        return self.empty_settle_seconds if empty_regular_file else self.settle_seconds
+
     def pop_settled(self, now: float) -> list[tuple[Path, _Observation]]:
         settled = [
             (path, obs) for path, obs in self._seen.items()
-            if now - obs.unchanged_since >= (self.empty_settle_seconds if obs.size == 0 else self.settle_seconds)
+            if now - obs.unchanged_since >= self._wait_for(obs)
         ]
         for path, _ in settled:
             del self._seen[path]

@@ -52,8 +52,9 @@ class DaemonProcess:
         self.config = root / "config.toml"
         self.log_path = root / "daemon.log"
         self.config.write_text(
-            f'state_dir = "{self.state}"\nlog_format = "json"\nretry_backoff_seconds = 1\n{extra_config}\n'
+            f'state_dir = "{self.state}"\nlog_format = "json"\nretry_backoff_seconds = 1\n'
             + ("" if "metrics_address" in extra_config else 'metrics_address = ""\n')
+            + f"{extra_config}\n"
             + f'[engine]\n{engine_config}\n\n'
             f'[[inbox]]\npath = "{self.inbox}"\nrescan_seconds = 5\n{inbox_config}\n'
             + ("" if "settle_seconds" in inbox_config else "settle_seconds = 1\n")
