@@ -205,12 +205,19 @@ class Journal:
             doc_id, "queued", error=error, history=history, attempts=doc.attempts + 1, next_attempt_at=retry_at
         )
 
-    def find_duplicate(self, sha256: str, exclude_id: str) -> Document | None:
-        """A document with the same content that is published or still in progress."""
+    def find_duplicate(self, sha256: str, exclude_id: str, created_before: float | None = None) -> Document | None:
+        """A document with the same content that is published or still in progress.
+
+        ``created_before``: only documents taken in before this one count. A document resumed
+        after a crash must not be called a duplicate of a later copy of itself (then both copies
+        would fail); only the later copy is the duplicate.
+        """
+        if created_before is None:
+            created_before = float("inf")
         row = self._execute(
             "SELECT * FROM documents WHERE sha256 = ? AND id != ? AND state != 'failed' "
-            "ORDER BY created_at LIMIT 1",
-            (sha256, exclude_id),
+            "AND (created_at < ? OR (created_at = ? AND id < ?)) ORDER BY created_at LIMIT 1",
+            (sha256, exclude_id, created_before, created_before, exclude_id),
         ).fetchone()
         return Document.from_row(row) if row else None
 

@@ -137,23 +137,27 @@ class Pipeline:
         if refusal is not None:
             await self.fail(doc, refusal)
             return None
-        if inbox.duplicates == "skip":
-            twin = await self.journal.call(self.journal.find_duplicate, sha256, doc.id)
-            if twin is not None:
-                where = f"published to {twin.output_dir}" if twin.output_dir and twin.state == "published" else (
-                    "still being processed"
-                )
-                await self.fail(
-                    doc,
-                    PermanentError(
-                        f"it is identical to {twin.rel_path} (first seen {_now_iso(twin.created_at)}, {where}); "
-                        f"set duplicates = \"reprocess\" to process copies again",
-                        stage="dedupe",
-                    ),
-                    kind="duplicate",
-                )
-                return None
+        duplicate = await self._duplicate_of(doc, inbox)
+        if duplicate is not None:
+            await self.fail(doc, duplicate, kind="duplicate")
+            return None
         return doc
+
+    async def _duplicate_of(self, doc: Document, inbox: InboxSettings) -> PermanentError | None:
+        """Why ``doc`` is a copy of a document taken in before it, or None."""
+        if inbox.duplicates != "skip" or not doc.sha256:
+            return None
+        twin = await self.journal.call(self.journal.find_duplicate, doc.sha256, doc.id, doc.created_at)
+        if twin is None:
+            return None
+        where = f"published to {twin.output_dir}" if twin.output_dir and twin.state == "published" else (
+            "still being processed"
+        )
+        return PermanentError(
+            f"it is identical to {twin.rel_path} (first seen {_now_iso(twin.created_at)}, {where}); "
+            f"set duplicates = \"reprocess\" to process copies again",
+            stage="dedupe",
+        )
 
     # -- one document --------------------------------------------------------------------------
 
@@ -182,7 +186,16 @@ class Pipeline:
         if doc.state == "publishing" and doc.output_dir and not staging.exists() and Path(doc.output_dir).is_dir():
             return await self._finish(doc, inbox)  # renamed into place before a crash: only the original is left
         if not claimed.exists():
+            finished = await self._failure_already_on_disk(doc, inbox)
+            if finished is not None:
+                return finished
             raise PermanentError("the claimed original disappeared from the inbox's .chandrad folder", stage="resume")
+        if doc.state == "queued" and doc.attempts == 0:
+            # A crash between intake's claim and its duplicate check (or the check's move to
+            # failed/) leaves a copy queued: check again, or the copy would be published twice.
+            duplicate = await self._duplicate_of(doc, inbox)
+            if duplicate is not None:
+                return await self.fail(doc, duplicate, kind="duplicate")
 
         doc = await self.journal.call(self.journal.set_state, doc.id, "preparing")
         async with self.prepare_slots:
@@ -416,6 +429,27 @@ class Pipeline:
                     moved_to=str(target) if target else None)
         return Outcome(doc.id, "failed", reason=error.reason)
 
+    async def _failure_already_on_disk(self, doc: Document, inbox: InboxSettings) -> Outcome | None:
+        """``fail`` writes the report, moves the original to failed/, then commits; a crash after the
+        move leaves the journal behind the disk. Finish the commit with the reason already written
+        instead of replacing it by "the original disappeared" (the true reason would be lost)."""
+        if not doc.final_path or not self.move_originals:
+            return None
+        final = Path(doc.final_path)
+        report_path = final.with_name(final.name + ".error.json")
+        if not (final.exists() or final.is_symlink()) or not final.is_relative_to(inbox.failed):
+            return None
+        try:
+            report = json.loads(report_path.read_text(encoding="utf-8"))
+            entry = dict(report["history"][-1])
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            entry = {"reason": "processing failed before a crash; the report was lost", "kind": "permanent",
+                     "stage": "resume", "attempt": doc.attempts + 1, "at": _now_iso(self._clock())}
+        await self.journal.call(self.journal.record_attempt_failure, doc.id, entry, final=True)
+        await self._cleanup(doc, inbox)
+        log.warning("document failed (completed after a restart)", reason=entry.get("reason"), moved_to=str(final))
+        return Outcome(doc.id, "failed", reason=str(entry.get("reason", "")))
+
     def _record_final_path(self, doc_id: str, final_path: str) -> None:
         doc = self.journal.get(doc_id)
         self.journal.set_state(doc_id, doc.state, final_path=final_path)
@@ -459,7 +493,37 @@ class Pipeline:
             resumable.append(doc.id)
         if resumable:
             log.info("resuming documents interrupted by a stop or crash", count=len(resumable))
+        await self._sweep_leftovers()
         return resumable
+
+    async def _sweep_leftovers(self) -> None:
+        """Remove what a crash between a document's final commit and its ``_cleanup`` left behind:
+        its staging and work folders and its empty claim folder. Folders of documents still in
+        progress are kept (they resume from them); a claim folder that still holds a file is never
+        touched, whatever the journal says, because that file may be someone's only copy."""
+        folders: list[tuple[str, Path]] = []
+        for inbox in self.inboxes.values():
+            folders += [("staging", inbox.outbox / publish.STAGING), ("claimed", inbox.path / DAEMON_DIR / "claimed")]
+        folders.append(("work", self.settings.state_dir / "work"))
+        for kind, base in folders:
+            try:
+                entries = [entry for entry in base.iterdir() if entry.is_dir() and not entry.is_symlink()]
+            except OSError:
+                continue
+            for entry in entries:
+                try:
+                    doc = await self.journal.call(self.journal.get, entry.name)
+                except KeyError:
+                    doc = None
+                if doc is not None and doc.state not in ("published", "failed"):
+                    continue
+                if kind == "claimed":
+                    try:
+                        entry.rmdir()
+                    except OSError:
+                        log.warning("a claimed file has no unfinished document; leaving it", path=str(entry))
+                    continue
+                await asyncio.to_thread(shutil.rmtree, entry, True)
 
 
 def _first_document_error(group: BaseExceptionGroup) -> BaseException:
