@@ -251,3 +251,16 @@ def test_daemon_on_a_remote_vllm_server_publishes_with_the_same_outputs(daemon_f
     assert document["num_pages"] == 4
     assert all(page["prompt_tokens"] > 0 and 0 < page["output_tokens"] <= 48 for page in document["pages"])
     assert daemon.stop() == 0
+
+
+def test_a_memory_watermark_recycles_the_engine_and_documents_still_complete(daemon_factory, tiny_model):
+    # The CPU engine's processes use far more than 0.1 GiB: every health check asks for a recycle.
+    daemon = daemon_factory(engine_config=engine_toml(tiny_model, memory_watermark_gb=0.1)).start()
+    wait_for(lambda: any(e.get("event") == "engine recycled" for e in daemon.events()), 120, "a recycle")
+    recycle = next(e for e in daemon.events() if e.get("event") == "engine recycled")
+    assert recycle["reason"].startswith("memory") and "> 0.1 GiB" in recycle["reason"]
+    drop(corpus_file("cardinal.pdf"), daemon.inbox)
+    wait_for(lambda: daemon.settled_all(1), 240, "the document between recycles")
+    assert daemon.states() == {"cardinal.pdf": "published"}
+    assert len(page_events(daemon)) == 4
+    assert daemon.stop() == 0
