@@ -18,7 +18,8 @@ run: setup-run
 
 # pytest exits 5 when it collects nothing; that is a failure here, like any other non-zero exit.
 test: setup-test
-	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS) -m "not soak" tests
+	@HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS) -m "not soak" tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests: that is a failure" >&2; fi; exit $$rc
 
 soak: setup-test
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m soak tests
