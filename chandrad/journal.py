@@ -74,6 +74,15 @@ CREATE TABLE IF NOT EXISTS pages (
 T = TypeVar("T")
 
 
+def storable(text: str) -> str:
+    """``text`` as SQLite can store it. Names read from a Linux directory are bytes; Python decodes
+    the ones that are not UTF-8 (a Latin-1 ``café.pdf`` from an old scanner) into lone
+    surrogates, which SQLite refuses: every insert of such a name raised, so the file stayed in the
+    inbox forever. Those bytes are stored as visible ``\\xe9`` escapes instead; valid names are
+    unchanged. ``Pipeline.recover`` finds a file again by comparing its stored form."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 @dataclass(frozen=True)
 class Document:
     id: str
@@ -167,6 +176,7 @@ class Journal:
     def add_document(self, inbox: str, rel_path: str, sha256: str, size: int, mtime_ns: int) -> Document:
         now = self._clock()
         doc_id = uuid.uuid4().hex[:16]
+        rel_path = storable(rel_path)
         self._execute(
             "INSERT INTO documents (id, inbox, rel_path, sha256, size, mtime_ns, state, created_at, updated_at) "
             "VALUES (?, ?, ?, ?, ?, ?, 'settled', ?, ?)",
@@ -188,6 +198,8 @@ class Journal:
         for key, value in fields.items():
             if key in ("error", "history") and value is not None:
                 value = json.dumps(value)
+            elif isinstance(value, str):
+                value = storable(value)
             assignments.append(f"{key} = :{key}")
             params[key] = value
         self._execute(f"UPDATE documents SET {', '.join(assignments)} WHERE id = :id", params)
@@ -210,12 +222,14 @@ class Journal:
 
         ``created_before``: only documents taken in before this one count. A document resumed
         after a crash must not be called a duplicate of a later copy of itself (then both copies
-        would fail); only the later copy is the duplicate.
+        would fail); only the later copy is the duplicate. A ``settled`` row (journaled, never
+        claimed: an intake that broke off) is no twin either: the file it names is still in the
+        inbox and comes back as this very document.
         """
         if created_before is None:
             created_before = float("inf")
         row = self._execute(
-            "SELECT * FROM documents WHERE sha256 = ? AND id != ? AND state != 'failed' "
+            "SELECT * FROM documents WHERE sha256 = ? AND id != ? AND state NOT IN ('failed', 'settled') "
             "AND (created_at < ? OR (created_at = ? AND id < ?)) ORDER BY created_at LIMIT 1",
             (sha256, exclude_id, created_before, created_before, exclude_id),
         ).fetchone()
@@ -223,12 +237,14 @@ class Journal:
 
     def find_same_file(self, inbox: str, rel_path: str, size: int, mtime_ns: int, path: str) -> Document | None:
         """A document already accounted for that still sits at this name, unchanged: an original put
-        back after publishing (on_success = "keep"), or one chandrad could not move out of the inbox."""
+        back after publishing (on_success = "keep"), or one chandrad could not move out of the inbox.
+        A document recorded as vanished does not count: if its name is there again, it is new."""
         row = self._execute(
             "SELECT * FROM documents WHERE inbox = ? AND rel_path = ? AND size = ? AND mtime_ns = ? "
-            "AND ((state = 'published' AND final_path = ?) OR (state = 'failed' AND claimed_path IS NULL)) "
+            "AND ((state = 'published' AND final_path = ?) OR (state = 'failed' AND claimed_path IS NULL "
+            "AND COALESCE(json_extract(error, '$.kind'), '') != 'vanished')) "
             "ORDER BY created_at DESC LIMIT 1",
-            (inbox, rel_path, size, mtime_ns, path),
+            (inbox, storable(rel_path), size, mtime_ns, storable(path)),
         ).fetchone()
         return Document.from_row(row) if row else None
 

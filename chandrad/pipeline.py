@@ -29,7 +29,7 @@ from chandrad import prepare, publish
 from chandrad.config import InboxSettings, Settings
 from chandrad.engine.base import Engine, PageRequest
 from chandrad.errors import DocumentError, PermanentError, TransientError
-from chandrad.journal import Document, Journal, PageRecord
+from chandrad.journal import Document, Journal, PageRecord, storable
 from chandrad.watch import DAEMON_DIR, SettledFile
 
 log = structlog.get_logger("chandrad.pipeline")
@@ -476,7 +476,7 @@ class Pipeline:
                 log.warning("document belongs to an inbox no longer configured; leaving it", doc=doc.id)
                 continue
             if doc.state == "settled":
-                source = inbox.path / doc.rel_path
+                source = _find_stored_name(inbox.path, doc.rel_path)
                 claimed = self.claimed_path(inbox, doc.id, Path(doc.rel_path))
                 if not claimed.exists():
                     if source.exists() or source.is_symlink():
@@ -524,6 +524,28 @@ class Pipeline:
                         log.warning("a claimed file has no unfinished document; leaving it", path=str(entry))
                     continue
                 await asyncio.to_thread(shutil.rmtree, entry, True)
+
+
+def _find_stored_name(folder: Path, rel_path: str) -> Path:
+    """The inbox file a journal ``rel_path`` was recorded from. Names that are not UTF-8 are
+    stored escaped (``journal.storable``), so look for the entry whose stored form matches."""
+    path = folder / rel_path
+    if path.exists() or path.is_symlink():
+        return path
+    current = folder
+    for part in Path(rel_path).parts:
+        candidate = current / part
+        if not (candidate.exists() or candidate.is_symlink()):
+            try:
+                names = os.listdir(current)
+            except OSError:
+                return path
+            match = next((name for name in names if storable(name) == part), None)
+            if match is None:
+                return path
+            candidate = current / match
+        current = candidate
+    return current
 
 
 def _first_document_error(group: BaseExceptionGroup) -> BaseException:

@@ -134,6 +134,7 @@ def test_soak_kill_9_fifty_times_over_several_batches(chaos_factory):
 STEPS = [
     ("journal row written, claim rename not done", "rename:/.chandrad/claimed/:before:1", "ok"),
     ("claimed, journal not yet 'queued'", "rename:/.chandrad/claimed/:after:1", "ok"),
+    ("non-UTF-8 name: journal row written, claim not done", "rename:/.chandrad/claimed/:before:1", "latin"),
     ("staging written, publish rename not done", "rename:/.chandrad/staging/:before:1", "ok"),
     ("publish rename done, parent not fsynced", "rename:/.chandrad/staging/:after:1", "ok"),
     ("outbox parent fsynced, original not archived", "fsync:/outbox$:after:1", "ok"),
@@ -167,6 +168,9 @@ def test_kill_9_exactly_at_a_filesystem_step_recovers_to_one_outcome(chaos_facto
     elif kind == "fail":
         inputs["broken.pdf"] = Expect(corpus_bytes("invalid.pdf"), reason="not a readable PDF")
         drop_bytes(daemon.inbox, "broken.pdf", inputs["broken.pdf"].data)
+    elif kind == "latin":  # a Latin-1 name (not UTF-8): the journal stores it escaped, recovery must find it
+        inputs["latin"] = Expect(simple_pdf(1, label="latin"), either=True)
+        drop_bytes(daemon.inbox, b"re\xe7u.pdf", inputs["latin"].data)
     else:
         inputs["doc.pdf"] = Expect(simple_pdf(2, label="step"), pages=2)
         drop_bytes(daemon.inbox, "doc.pdf", inputs["doc.pdf"].data)
@@ -177,6 +181,8 @@ def test_kill_9_exactly_at_a_filesystem_step_recovers_to_one_outcome(chaos_facto
     wait_for(lambda: daemon.final_count() == len(inputs) and not daemon.leftovers(), 60, "recovery after the kill")
     assert daemon.stop() == 0
     check_accounted(daemon, inputs)
+    if kind == "latin":
+        assert daemon.states() == {"re\\xe7u.pdf": "published"}
     if kind in ("fail", "dup"):
         name = "broken.pdf" if kind == "fail" else "second.pdf"
         report = (daemon.failed / f"{name}.error.json").read_text()

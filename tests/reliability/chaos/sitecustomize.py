@@ -29,7 +29,7 @@ def _install() -> None:
 
     def note(text: str) -> None:
         if _LOG:
-            with open(_LOG, "a", encoding="utf-8") as handle:
+            with open(_LOG, "a", encoding="utf-8", errors="backslashreplace") as handle:
                 handle.write(text + "\n")
 
     def die(index: int, path: str) -> None:
