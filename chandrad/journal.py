@@ -23,7 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import structlog
+
 from chandrad.errors import ConfigError
+
+log = structlog.get_logger("chandrad.journal")
 
 STATES = ("settled", "queued", "preparing", "inferring", "publishing", "published", "failed")
 FINAL_STATES = ("published", "failed")
@@ -142,6 +146,7 @@ class Journal:
         self.path = path
         self._clock = clock
         self._lock = threading.Lock()
+        self._closing = threading.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
         try:
             self._db = sqlite3.connect(path, timeout=10, check_same_thread=False, isolation_level=None)
@@ -151,6 +156,11 @@ class Journal:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(SCHEMA)
+            # Take the write lock once now: another process holding it (a second daemon on this
+            # state_dir, a `sqlite3` shell left in a transaction) otherwise went unnoticed until
+            # the first document, whose every commit then failed after the busy timeout.
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("COMMIT")
         except sqlite3.OperationalError as error:
             raise ConfigError(
                 f"cannot open the journal {path}: {error}. If another chandrad uses this state_dir, stop it "
@@ -163,13 +173,32 @@ class Journal:
         return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
 
     def close(self) -> None:
+        self._closing.set()
         with self._lock:
             self._db.close()
         self._executor.shutdown(wait=False)
 
     def _execute(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> sqlite3.Cursor:
-        with self._lock:
-            return self._db.execute(sql, params)
+        """One statement, one commit. While another process holds the database locked for longer
+        than the busy timeout, wait for it (with backoff) instead of raising: an error here used
+        to escape the document's error handling (which itself needs the journal) and end the
+        worker, and with it the daemon. Nothing can progress without the journal; waiting is
+        what is left. A statement that got SQLITE_BUSY changed nothing, so retrying is safe."""
+        delay = 0.5
+        while True:
+            with self._lock:
+                try:
+                    return self._db.execute(sql, params)
+                except sqlite3.OperationalError as error:
+                    if "locked" not in str(error) and "busy" not in str(error):
+                        raise
+                    if self._closing.is_set():
+                        raise
+            log.warning("the journal is locked by another process; waiting for it", journal=str(self.path),
+                        retry_in_s=delay)
+            if self._closing.wait(delay):
+                raise sqlite3.OperationalError("database is locked (journal closing)")
+            delay = min(delay * 2, 10.0)
 
     # -- documents -------------------------------------------------------------------------------
 

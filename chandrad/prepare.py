@@ -1,7 +1,7 @@
 """Bytes → page images, one page at a time.
 
 PDFs are inspected with ``pdfinfo``, normalised by Ghostscript (repair, flattened forms, lossless
-unless a lossy preset is chosen) and rasterised page by page by ``pdftoppm`` through ``pdf2image``
+unless a lossy preset is chosen) and rasterised page by page by ``pdftoppm``
 at Chandra's DPI rule, capped in pixels. Images get EXIF rotation and one page per TIFF frame.
 Every external program runs with a timeout; its failure becomes a ``PermanentError`` (the input
 is unusable) or a ``TransientError`` (worth retrying). Nothing here holds more than one page of a
@@ -16,19 +16,19 @@ from __future__ import annotations
 import errno
 import stat
 import hashlib
+import io
 import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Any, BinaryIO, Literal
 
 import structlog
-from pdf2image import convert_from_path
-from pdf2image.exceptions import PDFPageCountError, PDFPopplerTimeoutError
 from PIL import Image, ImageOps, ImageSequence, UnidentifiedImageError
 
 from chandrad.config import PrepareSettings
@@ -67,6 +67,10 @@ def open_regular(path: Path) -> BinaryIO:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
+        if error.errno == errno.ENOENT:
+            # Gone (moved or deleted): callers decide. Intake drops a stale name; it used to become
+            # a TransientError here, and intake then journaled a phantom "vanished" document.
+            raise
         if error.errno == errno.ELOOP:
             raise PermanentError("it is a symbolic link; chandrad never follows links", stage="intake") from None
         if error.errno in (errno.EACCES, errno.EPERM):
@@ -115,18 +119,57 @@ def sniff(path: Path) -> DocType:
 # -- running programs ----------------------------------------------------------------------------
 
 
-def run_tool(args: list[str], timeout: float, stage: str) -> subprocess.CompletedProcess[str]:
-    """Run an external program; a timeout or a missing program is transient, its exit code is the caller's."""
+def run_tool(
+    args: list[str], timeout: float, stage: str, *, binary: bool = False
+) -> subprocess.CompletedProcess[Any]:
+    """Run an external program; a timeout or a missing program is transient, its exit code is the caller's.
+
+    The program gets its own process group, and a timeout kills the whole group: a wrapper
+    script's children (or a tool's helpers) must not outlive it holding our pipes open.
+    """
     try:
-        return subprocess.run(
-            args, capture_output=True, text=True, errors="replace", timeout=timeout, check=False
+        proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
         )
-    except subprocess.TimeoutExpired:
-        raise TransientError(f"{args[0]} took longer than {timeout:.0f} s", stage=stage) from None
     except FileNotFoundError:
         raise TransientError(
             f"{args[0]} is not installed; install it (chandrad check lists what is missing)", stage=stage
         ) from None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise TransientError(f"{args[0]} took longer than {timeout:.0f} s", stage=stage) from None
+    except BaseException:
+        _kill_group(proc)
+        raise
+    if binary:
+        return subprocess.CompletedProcess(args, proc.returncode, out, err.decode("utf-8", "replace"))
+    return subprocess.CompletedProcess(
+        args, proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    )
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.communicate()
+
+
+# Signals that come from outside (the kernel's OOM killer sends SIGKILL, an admin SIGTERM): the
+# file is not to blame, so the document is retried. A crash (SIGSEGV, SIGABRT) is the file's.
+_OUTSIDE_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def killed_from_outside(tool: str, returncode: int, stage: str) -> TransientError | None:
+    """A TransientError naming the signal when ``tool`` was killed from outside, else None."""
+    if returncode >= 0 or -returncode not in _OUTSIDE_SIGNALS:
+        return None
+    name = signal.Signals(-returncode).name
+    hint = " (the machine may be short of memory)" if -returncode == signal.SIGKILL else ""
+    return TransientError(f"{tool} was killed by {name}{hint}", stage=stage)
 
 
 def _last_line(text: str) -> str:
@@ -153,6 +196,8 @@ def pdf_info(pdf: Path, settings: PrepareSettings, password: str | None = None) 
     if password:
         args += ["-upw", password]
     head = run_tool([*args, str(pdf)], settings.subprocess_timeout_seconds, "inspect")
+    if killed := killed_from_outside("pdfinfo", head.returncode, "inspect"):
+        raise killed
     if head.returncode != 0:
         message = head.stderr.strip()
         if "password" in message.lower():
@@ -176,6 +221,8 @@ def pdf_info(pdf: Path, settings: PrepareSettings, password: str | None = None) 
             f"the PDF declares {pages} pages, more than max_pages = {settings.max_pages}; split it", stage="inspect"
         )
     sized = run_tool([*args, "-f", "1", "-l", str(pages), str(pdf)], settings.subprocess_timeout_seconds, "inspect")
+    if killed := killed_from_outside("pdfinfo", sized.returncode, "inspect"):
+        raise killed
     sizes = {int(n): (float(w), float(h)) for n, w, h in _PAGE_SIZE.findall(sized.stdout)}
     default = sizes.get(1, (612.0, 792.0))
     return PdfInfo(
@@ -220,6 +267,10 @@ def normalise_pdf(
     except TransientError:
         target.unlink(missing_ok=True)
         raise
+    if killed := killed_from_outside("gs", result.returncode, "normalise"):
+        # Not the file's fault: retry rather than fall back to unflattened or unrepaired bytes.
+        target.unlink(missing_ok=True)
+        raise killed
     # Ghostscript exits 0 and writes a blank page when it found no page at all in the input.
     found_nothing = "No pages will be processed" in result.stderr + result.stdout
     if result.returncode != 0 or found_nothing or not target.exists() or target.stat().st_size == 0:
@@ -249,20 +300,40 @@ def render_pdf_page(
             f"within max_page_pixels = {settings.max_page_pixels}",
             stage="render",
         )
+    # pdftoppm directly, one page, PPM on stdout. pdf2image (used before) ran pdfinfo (without a
+    # timeout) and `pdftoppm -v` before every page, and hid how pdftoppm ended: a renderer killed
+    # by the OOM killer read as "page could not be rendered", a permanent failure.
+    args = ["pdftoppm", "-r", f"{dpi:.4f}", "-f", str(page_no), "-l", str(page_no)]
+    if password:
+        args += ["-upw", password]
     try:
-        images = convert_from_path(
-            pdf, dpi=dpi, first_page=page_no, last_page=page_no, fmt="ppm",
-            timeout=settings.subprocess_timeout_seconds, userpw=password,
-        )
-    except PDFPopplerTimeoutError:
+        result = run_tool([*args, str(pdf)], settings.subprocess_timeout_seconds, "render", binary=True)
+    except TransientError as error:
+        if "took longer" not in error.reason:
+            raise
         raise TransientError(
             f"rendering page {page_no} took longer than {settings.subprocess_timeout_seconds:.0f} s", stage="render"
         ) from None
-    except (PDFPageCountError, OSError) as error:
+    if killed := killed_from_outside("pdftoppm", result.returncode, "render"):
+        raise TransientError(f"rendering page {page_no}: {killed.reason}", stage="render")
+    if result.returncode != 0 or not result.stdout:
+        why = _last_line(result.stderr) if result.returncode > 0 else f"pdftoppm crashed ({_signal_name(result.returncode)})"
+        raise PermanentError(
+            f"page {page_no} could not be rendered" + (f" ({why})" if why else ""), stage="render"
+        )
+    try:
+        image = Image.open(io.BytesIO(result.stdout))
+        image.load()
+    except (OSError, SyntaxError, ValueError) as error:
         raise PermanentError(f"page {page_no} could not be rendered ({error})", stage="render") from None
-    if not images:
-        raise PermanentError(f"page {page_no} could not be rendered", stage="render")
-    return PageImage(page_no, images[0].convert("RGB"), dpi)
+    return PageImage(page_no, image.convert("RGB"), dpi)
+
+
+def _signal_name(returncode: int) -> str:
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"exit {returncode}"
 
 
 # -- images --------------------------------------------------------------------------------------
