@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Device side of the GPU measurements (run by the `device` tool's `run`, from the repo root).
+# Prepare the carried files here first: bench/stage-device.sh (chandrad snapshot, make_model.py,
+# poppler bundle, chandrad's pure-Python deps as wheels) and ../shared/device/stage-vllm.sh
+# (vLLM 0.26.0 in chunks .vllm-c1..7, one `run` per chunk: mkdir -p /root/stage && cp .vllm-cK/* /root/stage/).
+#
+#   bench/gpu.sh install              after the last chunk: install vLLM + wheels into /root/site,
+#                                     write the chandra2-like stand-in (make_model.py --full-vocab)
+#   bench/gpu.sh bench NAME [opts]    one bench/overhead.py run (bare engine, then the daemon) on the
+#                                     stand-in with load_format=dummy; $OUT/NAME.json, NAME.log,
+#                                     NAME-daemon.log come back
+# Both may be given in one call: bench/gpu.sh install && bench/gpu.sh bench smoke --pages 4 ...
+set -uo pipefail
+export PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+CARRY=$PWD/.bench-carry
+MODEL=/root/models/chandra2-like
+OUT=${OUT:-/tmp/bench-out}
+mkdir -p "$OUT"
+
+install() {
+  local t0=$SECONDS
+  if [ ! -d /root/site/vllm ]; then
+    (cd /root/stage && cat *.part.* > /root/w.tar && mkdir -p /root/whl && tar xf /root/w.tar -C /root/whl \
+      && python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site /root/whl/*.whl) \
+      || { echo "vLLM install failed"; return 1; }
+    rm -f /root/w.tar
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /root/site .whl/*.whl \
+    || { echo "wheel install failed"; return 1; }
+  [ -f $MODEL/config.json ] || python3 $CARRY/make_model.py $MODEL --arch chandra2-like --full-vocab | tail -1
+  python3 -c "import vllm, torch, transformers, chandra.output, watchdog, structlog, pdf2image, pydantic_settings; \
+print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" || return 1
+  (cd $CARRY/src && python3 -m chandrad version) || return 1
+  echo "install: $((SECONDS - t0)) s"
+}
+
+DROP=png
+setup_poppler() {
+  if command -v pdftoppm >/dev/null && command -v pdfinfo >/dev/null; then DROP=pdf; echo "poppler: system"; return; fi
+  if [ -x $CARRY/poppler/bin/pdftoppm ]; then
+    mkdir -p /root/popbin
+    for t in pdftoppm pdfinfo; do
+      printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$CARRY/poppler/lib" "$CARRY/poppler/bin/$t" > /root/popbin/$t
+      chmod +x /root/popbin/$t
+    done
+    export PATH=/root/popbin:$PATH
+    if python3 - <<'PY'
+import os, subprocess, tempfile
+from PIL import Image
+d = tempfile.mkdtemp(); p = os.path.join(d, "t.pdf")
+Image.new("RGB", (1632, 2112), "white").save(p, "PDF", resolution=192.0)
+subprocess.run(["pdfinfo", p], check=True, capture_output=True)
+subprocess.run(["pdftoppm", "-r", "192", "-f", "1", "-l", "1", p, os.path.join(d, "o")], check=True, capture_output=True)
+PY
+    then DROP=pdf; echo "poppler: carried bundle (Debian 12 pdftoppm/pdfinfo + libs, via wrappers)"; return; fi
+  fi
+  DROP=png; echo "poppler: none usable -> dropping PNG pages"
+}
+
+bench() {
+  local name=$1; shift
+  setup_poppler
+  nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu,clocks.sm --format=csv
+  python3 bench/overhead.py --src $CARRY/src --model $MODEL --arch chandra2-like --gpu --load-format dummy \
+    --drop $DROP --micro --engine-arg gdn_prefill_backend=triton --out $OUT/$name.json --workdir /root/work-$name \
+    --label "$name" "$@" > $OUT/$name.log 2>&1
+  local rc=$?
+  cp /root/work-$name/daemon/daemon.log $OUT/$name-daemon.log 2>/dev/null
+  grep -E "^\[|^daemon/bare|^micro|pages of|FAILED|Error|error" $OUT/$name.log | grep -v "^RESULT" | tail -40
+  tail -c 6000 $OUT/$name.log | grep -E "^RESULT" | cut -c1-4000
+  return $rc
+}
+
+cmd=${1:-}; shift || true
+case "$cmd" in
+  install) install ;;
+  bench) bench "$@" ;;
+  *) echo "usage: bench/gpu.sh install | bench NAME [overhead.py options]"; exit 2 ;;
+esac

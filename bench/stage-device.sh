@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Here (not on the device), from the repo root: prepare what bench/gpu.sh needs on the GPU machine.
+#   .bench-carry/src/chandrad   the committed chandrad package (git archive HEAD) that is measured
+#   .bench-carry/make_model.py  ../shared/device/make_model.py (the chandra2-like stand-in)
+#   .bench-carry/poppler/       pdftoppm + pdfinfo and the shared libraries they load (from this
+#                               machine), used through wrappers only if the device has no poppler
+#   .whl/                       chandrad's pure-Python deps that the device image lacks (Python 3.12)
+# Both folders are ignored through .git/info/exclude; carry them: [".vllm-c7", ".whl", ".bench-carry"].
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+for p in /.whl/ /.bench-carry/ /.vllm-c*/; do grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude; done
+rm -rf .bench-carry && mkdir -p .bench-carry/src .bench-carry/poppler/bin .bench-carry/poppler/lib
+# The committed code (HEAD), not whatever is half-edited in the working tree.
+git archive HEAD chandrad | tar x -C .bench-carry/src
+echo "chandrad at commit $(git rev-parse HEAD) ($(git log -1 --format=%s HEAD)), taken $(date -u +%FT%TZ)" > .bench-carry/src/SOURCE.txt
+cp ../shared/device/make_model.py .bench-carry/
+cp /usr/bin/pdftoppm /usr/bin/pdfinfo .bench-carry/poppler/bin/
+ldd /usr/bin/pdftoppm /usr/bin/pdfinfo | awk '/=>/{print $3}' | sort -u \
+  | grep -v -E '/(libc|libm|libgcc_s|libstdc\+\+|libpthread|libdl|librt)\.so' \
+  | xargs -I{} cp -L {} .bench-carry/poppler/lib/
+rm -rf .whl && python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
+  -d .whl chandra-ocr==0.2.0 watchdog==7.1.0 pdf2image==1.17.0 pydantic-settings==2.16.3 structlog==26.1.0 \
+  beautifulsoup4==4.15.0 soupsieve==4.1.3 markdownify==1.1.0 filetype==1.2.0 python-dotenv==1.2.4
+du -sh .bench-carry .whl
+cat .bench-carry/src/SOURCE.txt
