@@ -140,7 +140,7 @@ async def _convert_once(settings: Settings, files: tuple[Path, ...], output_dir:
                 else:
                     click.echo(f"{file}: {outcome.output_dir}")
 
-            sem = asyncio.Semaphore(settings.max_documents_in_flight)
+            sem = asyncio.Semaphore(settings.documents_in_flight(engine.name))
 
             async def bounded(file: Path, doc_id: str) -> None:
                 async with sem:

@@ -198,7 +198,10 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console", "journald"] = "auto"
     journal_socket: Path = Path("/run/systemd/journal/socket")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    max_documents_in_flight: int = Field(default=4, ge=1)
+    # Documents worked on at once. Default: as many as pages the engine takes at once (at least 4):
+    # scanners mostly drop one-page files, and each document in flight holds at most one page
+    # waiting for the engine, so fewer documents than engine slots would starve a GPU.
+    max_documents_in_flight: int | None = Field(default=None, ge=1)
     # A transient failure (engine died, disk full, timeout) is retried this many times in all.
     max_attempts: int = Field(default=3, ge=1)
     retry_backoff_seconds: float = Field(default=30.0, ge=0)
@@ -232,6 +235,11 @@ class Settings(BaseSettings):
     def _check_inboxes(self) -> Settings:
         _check_folder_layout(self.inbox)
         return self
+
+    def documents_in_flight(self, engine_name: str) -> int:
+        if self.max_documents_in_flight is not None:
+            return self.max_documents_in_flight
+        return max(4, self.engine.pages_in_flight(engine_name))
 
     def with_default_inbox(self) -> Settings:
         """Embedded defaults: one inbox under /srv/chandrad when none is configured."""

@@ -120,9 +120,7 @@ class Daemon:
                 group.create_task(self._supervised("intake", self._intake_loop)),
                 group.create_task(self._supervised("retry", self._retry_loop)),
             ]
-            workers = [
-                group.create_task(self._worker()) for _ in range(self.settings.max_documents_in_flight)
-            ]
+            workers = [group.create_task(self._worker()) for _ in range(self.documents_in_flight)]
             loops.append(group.create_task(self._supervised("tick", self._tick_loop)))
             while not self.should_exit.is_set():
                 reload_wait = asyncio.ensure_future(self.reload_requested.wait())
@@ -267,6 +265,10 @@ class Daemon:
             self.notifier.extend_timeout(EXTEND_START_SECONDS)
             await asyncio.sleep(EXTEND_START_SECONDS / 3)
 
+    @property
+    def documents_in_flight(self) -> int:
+        return self.settings.documents_in_flight(self.engine.name if self.engine else "")
+
     def status_line(self) -> str:
         observed = self.observed
         engine_state = getattr(self.engine, "state", "up")
@@ -313,7 +315,7 @@ class Daemon:
                 self.metrics.ready.set(1)
                 self.notifier.ready(self.status_line())
                 log.info("chandrad ready", inboxes=[inbox.name for inbox in self.settings.inbox],
-                         documents_in_flight=self.settings.max_documents_in_flight)
+                         documents_in_flight=self.documents_in_flight)
             if self.observed is not None:
                 self._rate_window.append((now, self.observed.pages_done))
                 while self._rate_window and now - self._rate_window[0][0] > 60:

@@ -7,6 +7,7 @@ CLI sends it; the retry ladder and repetition test are the in-process engine's.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import time
@@ -14,6 +15,7 @@ import time
 import structlog
 from chandra.model.util import scale_to_fit
 from chandra.prompts import PROMPT_MAPPING
+from PIL import Image
 
 from chandrad.config import EngineSettings
 from chandrad.engine.base import PageRequest, PageResult
@@ -21,6 +23,12 @@ from chandrad.engine.vllm import chandra_is_repeating
 from chandrad.errors import PermanentError, TransientError
 
 log = structlog.get_logger("chandrad.engine.remote")
+
+
+def _png_data_url(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    scale_to_fit(image.convert("RGB")).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 class RemoteEngine:
@@ -50,10 +58,7 @@ class RemoteEngine:
     async def ocr(self, request: PageRequest) -> PageResult:
         from openai import APIConnectionError, APIStatusError, APITimeoutError
 
-        image = scale_to_fit(request.image.convert("RGB"))
-        buffer = io.BytesIO()
-        image.save(buffer, format="PNG")
-        url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+        url = await asyncio.to_thread(_png_data_url, request.image)  # resize + PNG: ~0.2 s, off the loop
         messages = [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": url}},
             {"type": "text", "text": PROMPT_MAPPING[request.prompt_type]},

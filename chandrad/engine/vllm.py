@@ -209,7 +209,9 @@ class VllmEngine:
         if not self._instances:
             raise EngineDied("the vLLM engine is not running", stage="engine")
         instance = min(self._instances, key=lambda i: i.in_flight)  # replicas: least busy first
-        image = scale_to_fit(request.image.convert("RGB"))
+        # Resizing costs ~130 ms a page: on the event loop it capped the daemon at 82% of a bare
+        # engine on an H200 (bench/NOTES-overhead.md). A worker thread does it instead.
+        image = await asyncio.to_thread(_scaled_rgb, request.image)
         max_tokens = max_tokens or self.settings.max_tokens
         max_retries = self.settings.max_retries if retries is None else retries
         started = time.monotonic()
@@ -307,6 +309,10 @@ class VllmEngine:
         return {"repetition_detection": RepetitionDetectionParams(
             max_pattern_size=max_pattern, min_count=self.settings.repetition_min_count,
         )}
+
+
+def _scaled_rgb(image: Image.Image) -> Image.Image:
+    return scale_to_fit(image.convert("RGB"))
 
 
 def _shutdown_quietly(llm: Any) -> None:
