@@ -305,28 +305,15 @@ def proc_cpu(pid: int) -> dict[str, float]:
 
 
 def descendants(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as handle:
-                for child in handle.read().split():
-                    found.append(int(child))
-                    found.extend(descendants(int(child)))
-        except OSError:
-            continue
-    return found
+    from chandrad.engine.vllm import descendant_pids  # imported late: --src picks which chandrad
+
+    return descendant_pids(pid)
 
 
 def cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+    from chandrad.engine.vllm import process_cmdline
+
+    return process_cmdline(pid)
 
 
 class CpuWindow:
