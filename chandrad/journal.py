@@ -180,7 +180,7 @@ class Journal:
 
     def _execute(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> sqlite3.Cursor:
         """One statement, one commit. While another process holds the database locked for longer
-        than the busy timeout, wait for it (with backoff) instead of raising: an error here used
+        than the busy timeout, or its disk is full, wait (with backoff) instead of raising: an error here used
         to escape the document's error handling (which itself needs the journal) and end the
         worker, and with it the daemon. Nothing can progress without the journal; waiting is
         what is left. A statement that got SQLITE_BUSY changed nothing, so retrying is safe."""
@@ -190,11 +190,14 @@ class Journal:
                 try:
                     return self._db.execute(sql, params)
                 except sqlite3.OperationalError as error:
-                    if "locked" not in str(error) and "busy" not in str(error):
+                    # Locked/busy: another process holds the write lock. Full: the state
+                    # directory's disk is full (SQLite rolled the statement back).
+                    why = str(error)
+                    if not any(word in why for word in ("locked", "busy", "full")):
                         raise
                     if self._closing.is_set():
                         raise
-            log.warning("the journal is locked by another process; waiting for it", journal=str(self.path),
+            log.warning("the journal cannot be written; waiting", error=why, journal=str(self.path),
                         retry_in_s=delay)
             if self._closing.wait(delay):
                 raise sqlite3.OperationalError("database is locked (journal closing)")

@@ -43,6 +43,24 @@ class Outcome:
     reason: str = ""
 
 
+class DiskFullError(TransientError):
+    """A disk chandrad writes to is full. Not the document's fault and not worth giving up on: the
+    document waits (retried with backoff up to ``DISK_FULL_MAX_WAIT_SECONDS``) without using up
+    its ``max_attempts``, and resumes when space returns. Before, three quick retries sent every
+    document that arrived during a full outbox to failed/."""
+
+    @property
+    def kind(self) -> str:
+        return "disk-full"
+
+
+DISK_FULL_MAX_WAIT_SECONDS = 60.0
+
+
+def _disk_full(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 def _now_iso(ts: float | None = None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts if ts is not None else time.time()))
 
@@ -173,6 +191,10 @@ class Pipeline:
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # a bug must not kill the daemon; it is retried, then failed
+                if _disk_full(error):  # a page image, the staging folder, a work file: wherever it hit
+                    return await self._handle_error(
+                        doc_id, DiskFullError(f"a disk is full: {error.filename or error}", stage="write")
+                    )
                 log.exception("unexpected error while processing")
                 return await self._handle_error(
                     doc_id, TransientError(f"internal error: {type(error).__name__}: {error}", stage="internal")
@@ -331,8 +353,8 @@ class Pipeline:
             except OSError as error:
                 if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
                     continue  # another document took the name a moment ago: pick the next free one
-                if error.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise TransientError("the outbox's disk is full", stage="publish") from None
+                if _disk_full(error):
+                    raise DiskFullError("the outbox's disk is full", stage="publish") from None
                 raise TransientError(f"cannot write to the outbox: {error.strerror}", stage="publish") from None
         raise TransientError("no free output name found", stage="publish")
 
@@ -360,6 +382,8 @@ class Pipeline:
 
     async def _handle_error(self, doc_id: str, error: DocumentError) -> Outcome:
         doc = await self.journal.call(self.journal.get, doc_id)
+        if isinstance(error, DiskFullError):
+            return await self._wait_for_space(doc, error)
         attempts = doc.attempts + 1
         if error.permanent or attempts >= self.settings.max_attempts:
             return await self.fail(doc, error)
@@ -370,6 +394,20 @@ class Pipeline:
         )
         log.warning("document will be retried", reason=error.reason, stage=error.stage, attempt=attempts,
                     retry_in_s=round(delay, 1))
+        return Outcome(doc.id, "queued", reason=error.reason)
+
+    async def _wait_for_space(self, doc: Document, error: DiskFullError) -> Outcome:
+        """Queue the document again later; its attempts and history are left as they were (a long
+        outage must neither fail it nor grow its history by one entry per retry)."""
+        previous = doc.error if doc.error and doc.error.get("kind") == "disk-full" else None
+        waits = int(previous.get("waits", 0)) + 1 if previous else 1
+        delay = min(self.settings.retry_backoff_seconds * (2 ** (waits - 1)), DISK_FULL_MAX_WAIT_SECONDS)
+        entry = {**self._error_entry(doc, error, doc.attempts), "waits": waits}
+        await self.journal.call(
+            self.journal.set_state, doc.id, "queued", error=entry, next_attempt_at=self._clock() + delay
+        )
+        log.warning("a disk is full; the document waits for space", reason=error.reason, stage=error.stage,
+                    waits=waits, retry_in_s=round(delay, 1))
         return Outcome(doc.id, "queued", reason=error.reason)
 
     def _error_entry(self, doc: Document, error: DocumentError, attempts: int, kind: str | None = None) -> dict[str, Any]:
@@ -419,7 +457,14 @@ class Pipeline:
                 if claimed.exists() or claimed.is_symlink():
                     await asyncio.to_thread(publish.move_durably, claimed, target)
             except OSError as move_error:
-                log.error("cannot move the original to failed/", error=str(move_error))
+                # Queue it again (failed/ full or unwritable): left in its old state, it would
+                # only have been picked up again at the next start.
+                delay = max(self.settings.retry_backoff_seconds, 1.0)
+                log.error("cannot move the original to failed/; will try again", error=str(move_error),
+                          retry_in_s=delay)
+                await self.journal.call(
+                    self.journal.set_state, doc.id, "queued", next_attempt_at=self._clock() + delay
+                )
                 return Outcome(doc.id, "queued", reason=f"cannot write to failed/: {move_error.strerror}")
         await self.journal.call(
             self.journal.record_attempt_failure, doc.id, entry, final=True

@@ -497,12 +497,9 @@ def prepare_document(
     ) if original_info else None
     if as_is is not None and not original_info.has_form and compress == "lossless":  # type: ignore[union-attr]
         return as_is
-    try:
-        rewritten = normalise_pdf(original, normalised, compress, settings, password)
-    except OSError as error:
-        if error.errno == errno.ENOSPC:
-            raise TransientError("the disk holding the state directory is full", stage="normalise") from None
-        raise
+    # An OSError (ENOSPC on the state directory's disk included) propagates: the pipeline makes
+    # a full disk wait instead of failing the document.
+    rewritten = normalise_pdf(original, normalised, compress, settings, password)
     info = None
     if rewritten:
         try:
