@@ -449,7 +449,7 @@ class Pipeline:
                 "what_to_do": _advice(entry["kind"]),
             }
             try:
-                target.parent.mkdir(parents=True, exist_ok=True)
+                publish.makedirs_durably(target.parent)
                 publish.write_file_durably(
                     target.with_name(target.name + ".error.json"),
                     (json.dumps(report, ensure_ascii=False, indent=2) + "\n").encode("utf-8"),

@@ -181,6 +181,27 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def makedirs_durably(folder: Path) -> None:
+    """``mkdir -p`` that also makes each new folder's entry durable (fsync of its parent).
+
+    A plain ``mkdir(parents=True)`` before a durable rename left the new folders themselves
+    undurable: after a power cut the rename's target folder (``archive/sub/``, ``claimed/<id>/``,
+    ``outbox/sub/``) could be gone with the file in it, while the removal from the old folder,
+    fsynced, had survived: the file lost.
+    """
+    missing: list[Path] = []
+    current = folder
+    while not (current.is_dir() or current.is_symlink()) and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            pass  # made by someone else a moment ago; its entry may not be durable yet either
+        fsync_dir(path.parent)
+
+
 def write_file_durably(path: Path, data: bytes) -> None:
     """Write via a temporary name, fsync, rename: the name shows either nothing or all of it."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -204,15 +225,16 @@ def publish_directory(staging_dir: Path, files: dict[str, bytes], target: Path) 
     if images_dir.is_dir():
         fsync_dir(images_dir)
     fsync_dir(staging_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    makedirs_durably(target.parent)
     os.rename(staging_dir, target)
     fsync_dir(target.parent)
     fsync_dir(staging_dir.parent)
 
 
 def move_durably(source: Path, target: Path) -> None:
-    """Rename ``source`` to ``target`` (same filesystem) and make both directory entries durable."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Rename ``source`` to ``target`` (same filesystem) and make both directory entries durable:
+    the new one first, so that a power cut in between shows the file twice, never nowhere."""
+    makedirs_durably(target.parent)
     try:
         os.rename(source, target)
     except OSError as error:

@@ -187,3 +187,35 @@ def test_kill_9_exactly_at_a_filesystem_step_recovers_to_one_outcome(chaos_facto
         name = "broken.pdf" if kind == "fail" else "second.pdf"
         report = (daemon.failed / f"{name}.error.json").read_text()
         assert inputs[name].reason in report, f"the true reason survives the crash: {report}"
+
+
+@pytest.mark.soak
+def test_soak_kill_9_after_every_fsync_and_rename_of_a_document_life(chaos_factory, tmp_path):
+    """Kill after the 1st, 2nd, ... fsync (then rename) the daemon makes for one document in a
+    sub-folder, until a run completes without reaching the point: every prefix of the document's
+    filesystem history must recover to exactly one outcome."""
+    figures: dict[str, int] = {}
+    for call in ("fsync", "rename", "mkdir"):
+        nth = 0
+        while True:
+            nth += 1
+            root = tmp_path / f"{call}-{nth}"
+            daemon = chaos_factory(root, extra_config="max_documents_in_flight = 1")
+            hits = root / "chaos.log"
+            daemon.env.update({"PYTHONPATH": str(CHAOS_DIR), "CHAOS_LOG": str(hits)})
+            inputs = {"sub/doc.pdf": Expect(simple_pdf(2, label=f"{call} {nth}"), pages=2)}
+            drop_bytes(daemon.inbox, "sub/doc.pdf", inputs["sub/doc.pdf"].data)
+            daemon.start(env={"CHAOS_KILL": f"{call}::after:{nth}"}, wait=False)
+            wait_for(lambda: not daemon.alive or daemon.final_count() == 1, 60, "the kill or the end")
+            reached = not daemon.alive
+            if daemon.alive:
+                daemon.stop()
+            else:
+                daemon.start(env={"CHAOS_KILL": ""})
+                wait_for(lambda: daemon.final_count() == 1 and not daemon.leftovers(), 60, "recovery")
+                assert daemon.stop() == 0
+            check_accounted(daemon, inputs)
+            if not reached:
+                break
+        figures[call] = nth - 1
+    record_figures("kill -9 after every fsync/rename/mkdir (soak)", kills_per_call=figures, losses=0, duplicates=0)
