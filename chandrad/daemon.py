@@ -31,6 +31,7 @@ log = structlog.get_logger("chandrad.daemon")
 
 # Settled files waiting for intake; when full, watchers wait (backpressure) instead of piling up.
 INTAKE_QUEUE_SIZE = 256
+INTAKE_WORKERS = 4
 RETRY_POLL_SECONDS = 1.0
 TICK_SECONDS = 1.0
 # A watcher that has not ticked for this long (its rescan can take a while on a big share) is hung.
@@ -117,7 +118,9 @@ class Daemon:
             self._group = group
             self._start_watchers()
             loops = [
-                group.create_task(self._supervised("intake", self._intake_loop)),
+                # Several intakes at once: hashing and claiming one file at a time admitted only ~3
+                # files/s on a busy loop and starved a GPU at the start of a burst (bench/NOTES-overhead.md).
+                *(group.create_task(self._supervised(f"intake-{n}", self._intake_loop)) for n in range(INTAKE_WORKERS)),
                 group.create_task(self._supervised("retry", self._retry_loop)),
             ]
             workers = [group.create_task(self._worker()) for _ in range(self.documents_in_flight)]
