@@ -249,21 +249,21 @@ class Journal:
             doc_id, "queued", error=error, history=history, attempts=doc.attempts + 1, next_attempt_at=retry_at
         )
 
-    def find_duplicate(self, sha256: str, exclude_id: str, created_before: float | None = None) -> Document | None:
+    def find_duplicate(self, sha256: str, exclude_id: str, taken_before: bool = False) -> Document | None:
         """A document with the same content that is published or still in progress.
 
-        ``created_before``: only documents taken in before this one count. A document resumed
-        after a crash must not be called a duplicate of a later copy of itself (then both copies
-        would fail); only the later copy is the duplicate. A ``settled`` row (journaled, never
-        claimed: an intake that broke off) is no twin either: the file it names is still in the
-        inbox and comes back as this very document.
+        ``taken_before``: only documents journaled before this one count (by insertion order, not
+        by the wall clock, which can jump back). A document resumed after a crash must not be
+        called a duplicate of a later copy of itself (then both copies would fail); only the later
+        copy is. A ``settled`` row (journaled, never claimed: an intake that broke off) is no twin
+        either: the file it names is still in the inbox and comes back as this very document.
         """
-        if created_before is None:
-            created_before = float("inf")
+        order = "AND rowid < (SELECT rowid FROM documents WHERE id = ?) " if taken_before else ""
+        params: tuple[Any, ...] = (sha256, exclude_id, exclude_id) if taken_before else (sha256, exclude_id)
         row = self._execute(
             "SELECT * FROM documents WHERE sha256 = ? AND id != ? AND state NOT IN ('failed', 'settled') "
-            "AND (created_at < ? OR (created_at = ? AND id < ?)) ORDER BY created_at LIMIT 1",
-            (sha256, exclude_id, created_before, created_before, exclude_id),
+            f"{order}ORDER BY rowid LIMIT 1",
+            params,
         ).fetchone()
         return Document.from_row(row) if row else None
 
@@ -322,6 +322,11 @@ class Journal:
         rows = self._execute("SELECT page_no FROM pages WHERE doc_id = ?", (doc_id,)).fetchall()
         return {row["page_no"] for row in rows}
 
-    def drop_pages(self, doc_id: str) -> None:
-        """Page results are only needed until the document is published or failed."""
-        self._execute("DELETE FROM pages WHERE doc_id = ?", (doc_id,))
+    def drop_pages(self, doc_id: str, page_nos: list[int] | None = None) -> None:
+        """Page results are only needed until the document is published or failed; ``page_nos``
+        drops only those (to redo them)."""
+        if page_nos is None:
+            self._execute("DELETE FROM pages WHERE doc_id = ?", (doc_id,))
+            return
+        for page_no in page_nos:
+            self._execute("DELETE FROM pages WHERE doc_id = ? AND page_no = ?", (doc_id, page_no))

@@ -43,18 +43,30 @@ class Outcome:
     reason: str = ""
 
 
-class DiskFullError(TransientError):
-    """A disk chandrad writes to is full. Not the document's fault and not worth giving up on: the
-    document waits (retried with backoff up to ``DISK_FULL_MAX_WAIT_SECONDS``) without using up
-    its ``max_attempts``, and resumes when space returns. Before, three quick retries sent every
-    document that arrived during a full outbox to failed/."""
+class WaitError(TransientError):
+    """The environment is not ready (a full disk, an unreachable inbox). Not the document's fault
+    and not worth giving up on: the document waits (retried with backoff up to
+    ``MAX_WAIT_SECONDS``) without using up its ``max_attempts``, and resumes when the condition
+    clears. Before, three quick retries sent every document that met a full outbox to failed/."""
+
+    wait_kind = "waiting"
 
     @property
     def kind(self) -> str:
-        return "disk-full"
+        return self.wait_kind
 
 
-DISK_FULL_MAX_WAIT_SECONDS = 60.0
+class DiskFullError(WaitError):
+    wait_kind = "disk-full"
+
+
+class InboxUnreachableError(WaitError):
+    """The inbox (and the claimed originals in it) is gone: unmounted share, folder removed."""
+
+    wait_kind = "inbox-unreachable"
+
+
+MAX_WAIT_SECONDS = 60.0
 
 
 def _disk_full(error: BaseException) -> bool:
@@ -144,11 +156,14 @@ class Pipeline:
             )
             return None
         except OSError as error:
-            reason = f"chandrad cannot move the file out of the inbox: {error.strerror}; give its user write access"
+            reason = (f"chandrad cannot move the file out of the inbox: {error.strerror}; give its user write "
+                      f"access to the folder and drop the file again (it was left where it is)")
             bound.error("cannot claim file", error=str(error))
-            await self.journal.call(
-                self.journal.set_state, doc.id, "failed", error={"reason": reason, "kind": "permanent"}
-            )
+            entry = {"reason": reason, "kind": "permanent", "stage": "intake", "attempt": 1, "at": _now_iso(self._clock())}
+            # The original cannot go to failed/, but the reason can: without it, a person sees a
+            # file that is never processed and nothing saying why.
+            await asyncio.to_thread(self._write_report_only, doc, inbox, entry)
+            await self.journal.call(self.journal.set_state, doc.id, "failed", error=entry, history=[entry])
             return None
         doc = await self.journal.call(self.journal.set_state, doc.id, "queued", claimed_path=str(claimed))
         bound.info("document queued", doc=doc.id, size=settled.size)
@@ -165,7 +180,7 @@ class Pipeline:
         """Why ``doc`` is a copy of a document taken in before it, or None."""
         if inbox.duplicates != "skip" or not doc.sha256:
             return None
-        twin = await self.journal.call(self.journal.find_duplicate, doc.sha256, doc.id, doc.created_at)
+        twin = await self.journal.call(self.journal.find_duplicate, doc.sha256, doc.id, True)
         if twin is None:
             return None
         where = f"published to {twin.output_dir}" if twin.output_dir and twin.state == "published" else (
@@ -211,6 +226,7 @@ class Pipeline:
             finished = await self._failure_already_on_disk(doc, inbox)
             if finished is not None:
                 return finished
+            self._check_inbox_reachable(inbox)
             raise PermanentError("the claimed original disappeared from the inbox's .chandrad folder", stage="resume")
         if doc.state == "queued" and doc.attempts == 0:
             # A crash between intake's claim and its duplicate check (or the check's move to
@@ -231,6 +247,7 @@ class Pipeline:
         await self._infer_pages(doc, inbox, prepared, done, staging)
 
         pages = await self.journal.call(self.journal.pages, doc.id)
+        await self._check_page_images(doc, pages, staging)
         self._check_failed_pages(pages, prepared.page_count)
         stem = publish.safe_component(Path(doc.rel_path).stem)
         files = publish.render_document(
@@ -256,6 +273,17 @@ class Pipeline:
                  output=str(outcome.output_dir))
         return outcome
 
+    def _check_inbox_reachable(self, inbox: InboxSettings) -> None:
+        """Raise InboxUnreachableError when the claimed original is missing because the whole
+        inbox is (an unmounted share leaves an empty mount point; a removed folder nothing): the
+        file is not lost and must not be declared so. Once the inbox's ``.chandrad`` is back, a
+        missing original is really gone."""
+        if not (inbox.path / DAEMON_DIR).is_dir():
+            raise InboxUnreachableError(
+                f"the inbox {inbox.path} is not reachable (unmounted or removed?); waiting for it to return",
+                stage="resume",
+            )
+
     async def _infer_pages(
         self, doc: Document, inbox: InboxSettings, prepared: prepare.PreparedDocument, done: set[int], staging: Path
     ) -> None:
@@ -278,7 +306,7 @@ class Pipeline:
                         f"{self.settings.engine.page_timeout_seconds:.0f} s", stage="engine",
                     ) from None
                 rendered = await asyncio.to_thread(
-                    publish.save_page_images, result.html, page.image, staging / "images"
+                    publish.save_page_images, result.html, page.image, staging / "images", page.page_no
                 )
                 await self.journal.call(
                     self.journal.record_page,
@@ -304,6 +332,13 @@ class Pipeline:
                     try:
                         page = await asyncio.to_thread(prepared.render, page_no, self.settings.prepare)
                     except PermanentError as page_error:
+                        if not prepared.source.exists():
+                            # The file went away under the renderer (inbox unmounted mid-document):
+                            # not this page's fault; recording it failed would fail the document.
+                            self._check_inbox_reachable(inbox)
+                            raise PermanentError(
+                                "the claimed original disappeared while it was being read", stage="render"
+                            ) from None
                         await self._record_failed_page(doc.id, page_no, page_error, (0, 0))
                         continue
                     await self.page_slots.acquire()
@@ -312,6 +347,20 @@ class Pipeline:
                     del page
         except BaseExceptionGroup as group_error:
             raise _first_document_error(group_error) from None
+
+    async def _check_page_images(self, doc: Document, pages: list[PageRecord], staging: Path) -> None:
+        """Pages' cropped figures live in staging (on the outbox's disk) until publish. If they
+        vanished (outbox removed or re-created while the document was in progress), publishing
+        would write Markdown/HTML pointing at images that do not exist: redo those pages instead."""
+        lost = [page.page_no for page in pages
+                if any(not (staging / "images" / name).is_file() for name in page.image_names)]
+        if not lost:
+            return
+        await self.journal.call(self.journal.drop_pages, doc.id, lost)
+        raise TransientError(
+            f"the figures of page(s) {', '.join(map(str, lost[:10]))} vanished from the outbox's staging "
+            f"folder (outbox removed while working?); redoing them", stage="publish",
+        )
 
     async def _record_failed_page(
         self, doc_id: str, page_no: int, error: DocumentError, size: tuple[int, int]
@@ -382,8 +431,8 @@ class Pipeline:
 
     async def _handle_error(self, doc_id: str, error: DocumentError) -> Outcome:
         doc = await self.journal.call(self.journal.get, doc_id)
-        if isinstance(error, DiskFullError):
-            return await self._wait_for_space(doc, error)
+        if isinstance(error, WaitError):
+            return await self._wait(doc, error)
         attempts = doc.attempts + 1
         if error.permanent or attempts >= self.settings.max_attempts:
             return await self.fail(doc, error)
@@ -396,17 +445,17 @@ class Pipeline:
                     retry_in_s=round(delay, 1))
         return Outcome(doc.id, "queued", reason=error.reason)
 
-    async def _wait_for_space(self, doc: Document, error: DiskFullError) -> Outcome:
+    async def _wait(self, doc: Document, error: WaitError) -> Outcome:
         """Queue the document again later; its attempts and history are left as they were (a long
         outage must neither fail it nor grow its history by one entry per retry)."""
-        previous = doc.error if doc.error and doc.error.get("kind") == "disk-full" else None
+        previous = doc.error if doc.error and doc.error.get("kind") == error.kind else None
         waits = int(previous.get("waits", 0)) + 1 if previous else 1
-        delay = min(self.settings.retry_backoff_seconds * (2 ** (waits - 1)), DISK_FULL_MAX_WAIT_SECONDS)
+        delay = min(self.settings.retry_backoff_seconds * (2 ** min(waits - 1, 20)), MAX_WAIT_SECONDS)
         entry = {**self._error_entry(doc, error, doc.attempts), "waits": waits}
         await self.journal.call(
             self.journal.set_state, doc.id, "queued", error=entry, next_attempt_at=self._clock() + delay
         )
-        log.warning("a disk is full; the document waits for space", reason=error.reason, stage=error.stage,
+        log.warning("the document waits", reason=error.reason, kind=error.kind, stage=error.stage,
                     waits=waits, retry_in_s=round(delay, 1))
         return Outcome(doc.id, "queued", reason=error.reason)
 
@@ -494,6 +543,23 @@ class Pipeline:
         await self._cleanup(doc, inbox)
         log.warning("document failed (completed after a restart)", reason=entry.get("reason"), moved_to=str(final))
         return Outcome(doc.id, "failed", reason=str(entry.get("reason", "")))
+
+    def _write_report_only(self, doc: Document, inbox: InboxSettings, entry: dict[str, Any]) -> None:
+        rel = publish.safe_relative(Path(doc.rel_path))
+        target = publish.free_name(inbox.failed / rel.parent, rel.name + ".error.json")
+        report = {
+            "file": Path(doc.rel_path).name, "inbox": inbox.name, "original_path": doc.rel_path,
+            "original_left_in_inbox": True, "reason": entry["reason"], "kind": entry["kind"],
+            "stage": entry["stage"], "sha256": doc.sha256 or None, "doc_id": doc.id, "failed_at": entry["at"],
+            "what_to_do": _advice(entry["kind"]),
+        }
+        try:
+            publish.makedirs_durably(target.parent)
+            publish.write_file_durably(
+                target, (json.dumps(report, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
+            )
+        except OSError as error:
+            log.error("cannot write the failure report", error=str(error), report=str(target))
 
     def _record_final_path(self, doc_id: str, final_path: str) -> None:
         doc = self.journal.get(doc_id)

@@ -74,19 +74,30 @@ class RenderedPage:
     image_names: tuple[str, ...]
 
 
-def save_page_images(html: str, image: Image.Image, images_dir: Path) -> RenderedPage:
-    """Crop the page's Image/Figure blocks into ``images_dir``; return the chunks for the JSON."""
+_PAGE_PREFIX = re.compile(r"^p\d+-")
+
+
+def save_page_images(html: str, image: Image.Image, images_dir: Path, page_no: int | None = None) -> RenderedPage:
+    """Crop the page's Image/Figure blocks into ``images_dir``; return the chunks for the JSON.
+
+    chandra names a crop after a hash of the page's HTML and the block's position, so two pages
+    with the same HTML (two photo pages both read as one ``Image`` block, say) got the same
+    name, and the second page's crop overwrote the first's. With ``page_no`` the stored name is
+    ``p<page>-<chandra's name>``; ``_point_images_into_folder`` maps chandra's name to it.
+    """
     chunks = parse_chunks(html, image)
     crops = extract_images(html, chunks, image)
     if crops:
         images_dir.mkdir(parents=True, exist_ok=True)
+    names = []
     for crop_name, crop in crops.items():
-        target = images_dir / crop_name
-        with open(target, "wb") as handle:
+        name = f"p{page_no}-{crop_name}" if page_no is not None else crop_name
+        with open(images_dir / name, "wb") as handle:
             crop.save(handle, format="WEBP")
             handle.flush()
             os.fsync(handle.fileno())
-    return RenderedPage(chunks=chunks, image_names=tuple(crops))
+        names.append(name)
+    return RenderedPage(chunks=chunks, image_names=tuple(names))
 
 
 @dataclass(frozen=True)
@@ -107,7 +118,7 @@ def _gap(page: PageOutput) -> str:
 
 def _point_images_into_folder(text: str, image_names: Iterable[str]) -> str:
     for name in image_names:
-        text = text.replace(name, f"images/{name}")
+        text = text.replace(_PAGE_PREFIX.sub("", name), f"images/{name}")
     return text
 
 

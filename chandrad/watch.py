@@ -309,8 +309,17 @@ class InboxWatcher:
             if rel is not None:
                 await self._emit(SettledFile(self.inbox, path, rel, obs.size, obs.mtime_ns, obs.kind))
 
+    def _identity(self) -> tuple[int, int] | None:
+        """(device, inode) of the inbox folder, or None while it is missing."""
+        try:
+            st = os.stat(self.inbox.path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
+        identity = self._identity()
         self.start_observer(loop)
         self.log.info(
             "watching inbox",
@@ -322,6 +331,21 @@ class InboxWatcher:
         next_rescan = self._clock()
         try:
             while True:
+                # An inotify watch dies with its folder: after the inbox is removed and re-created,
+                # or a share is remounted over it, nothing was seen until the periodic rescan
+                # (5 minutes by default). Notice the new folder and watch it at once.
+                current = self._identity()
+                if current != identity:
+                    self.stop_observer()
+                    if current is None:
+                        self.log.warning("the inbox folder is gone (removed or unmounted); waiting for it",
+                                         path=str(self.inbox.path))
+                    else:
+                        self.log.warning("the inbox folder was replaced (re-created or remounted); watching it again",
+                                         path=str(self.inbox.path))
+                        self.start_observer(loop)
+                        next_rescan = self._clock()  # what is in it now was never announced
+                    identity = current
                 if self._clock() >= next_rescan:
                     for path, st in await asyncio.to_thread(self.stat_tree):
                         self._observe(path, st)

@@ -124,6 +124,9 @@ class ChaosDaemon(DaemonProcess):
         if "metrics_address" not in extra:  # top-level keys must come before any [section] in extra
             extra = 'metrics_address = ""\n' + extra
         super().__init__(root, extra_config=extra, **kwargs)
+        inbox_config = str(kwargs.get("inbox_config", ""))
+        if "rescan_seconds" in inbox_config:  # the base config sets 5 s; TOML forbids a second value
+            self.config.write_text(self.config.read_text().replace("rescan_seconds = 5\n", "", 1))
         self.env: dict[str, str] = dict(env or {})
         self.user = user
         self.starts = 0
