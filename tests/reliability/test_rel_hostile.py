@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.chaoslib import (
-    ChaosDaemon, Expect, assemble_pdf, check_accounted, corpus_bytes, drop_bytes, multi_frame_tiff, png_bomb,
+    ChaosDaemon, Expect, assemble_pdf, check_accounted, corpus_bytes, drop_bytes, fake_tools, multi_frame_tiff, png_bomb,
     published_dirs, record_figures, simple_pdf, text_png, wait_for,
 )
 
@@ -210,3 +210,114 @@ def test_hostile_and_broken_files_fail_with_reasons_and_the_daemon_survives(chao
                    max_fds=daemon.sampler.max_fds)
     assert daemon.sampler.max_rss_mb < 700, f"daemon RSS peaked at {daemon.sampler.max_rss_mb} MB"
     assert daemon.stop() == 0
+
+
+# -- files that change under the daemon -------------------------------------------------------------
+
+
+def grow(path: Path, data: bytes, seconds: float, step: float) -> None:
+    """A slow scanner: the final name from the first byte, appended to every ``step`` seconds."""
+    chunks = max(2, int(seconds / step))
+    size = len(data) // chunks + 1
+    with open(path, "wb") as handle:
+        for offset in range(0, len(data), size):
+            handle.write(data[offset:offset + size])
+            handle.flush()
+            time.sleep(step)
+
+
+@pytest.mark.parametrize("seconds", [pytest.param(12, id="12s"),
+                                     pytest.param(180, id="3min", marks=pytest.mark.soak)])
+def test_a_file_that_keeps_growing_is_taken_once_when_complete(chaos_factory, tmp_path, seconds):
+    daemon: ChaosDaemon = chaos_factory(tmp_path / "tree", inbox_config="settle_seconds = 2")
+    daemon.start()
+    data = corpus_bytes("multipage.pdf")
+    grow(daemon.inbox / "scan0001.pdf", data, seconds=seconds, step=min(1.5, seconds / 20))
+    wait_for(lambda: daemon.final_count() == 1, 120, "the grown file")
+    time.sleep(3)
+    rows = daemon.journal_rows("SELECT state, size FROM documents")
+    assert [(r["state"], r["size"]) for r in rows] == [("published", len(data))], "taken once, complete"
+    assert (daemon.archive / "scan0001.pdf").read_bytes() == data
+    assert daemon.stop() == 0
+
+
+def test_files_deleted_while_settling_or_while_being_read_are_accounted_for(chaos_factory, tmp_path):
+    daemon: ChaosDaemon = chaos_factory(tmp_path / "tree", extra_config="max_documents_in_flight = 1",
+                                        inbox_config="settle_seconds = 2")
+    daemon.start()
+    doomed = daemon.inbox / "cancelled.pdf"
+    doomed.write_bytes(simple_pdf(1, label="cancelled"))
+    time.sleep(0.5)
+    doomed.unlink()  # the person changed their mind before it settled: it never existed for chandrad
+    drop_bytes(daemon.inbox, "scan.pdf", corpus_bytes("multipage.pdf"))
+    wait_for(lambda: daemon.journal_rows("SELECT 1 FROM pages"), 60, "the first page", interval=0.05)
+    claimed = next((daemon.inbox / ".chandrad" / "claimed").rglob("scan.pdf"))
+    claimed.unlink()  # someone deletes the original while it is being read
+    wait_for(lambda: daemon.final_count() == 1, 60, "the scan to end")
+    time.sleep(3)
+    assert daemon.alive
+    assert daemon.states() == {"scan.pdf": "failed"}
+    report = json.loads((daemon.failed / "scan.pdf.error.json").read_text())
+    assert "disappeared" in report["reason"], report
+    assert published_dirs(daemon.outbox) == [] and daemon.leftovers() == []
+    assert daemon.stop() == 0
+
+
+def test_a_name_reused_while_the_first_file_is_queued_gives_two_documents(chaos_factory, tmp_path):
+    """A scanner reuses ``scan.png`` while the first ``scan.png`` waits behind a long document: the
+    first was claimed (moved out of the inbox) when it settled, so both are processed, each once,
+    and neither output nor archive overwrites the other."""
+    daemon: ChaosDaemon = chaos_factory(tmp_path / "tree", extra_config="max_documents_in_flight = 1")
+    first, second = text_png("first scan"), text_png("second scan, other content")
+    daemon.start()
+    drop_bytes(daemon.inbox, "long.pdf", corpus_bytes("multipage.pdf"))
+    wait_for(lambda: daemon.count_rows("state = 'inferring'"), 60, "the long document", interval=0.05)
+    drop_bytes(daemon.inbox, "scan.png", first)
+    wait_for(lambda: daemon.count_rows("rel_path = 'scan.png' AND state = 'queued'"), 30, "the first scan queued",
+             interval=0.05)
+    drop_bytes(daemon.inbox, "scan.png", second)
+    wait_for(lambda: daemon.final_count() == 3, 120, "all three")
+    assert daemon.stop() == 0
+    check_accounted(daemon, {"long.pdf": Expect(corpus_bytes("multipage.pdf"), pages=6),
+                             "scan.png": Expect(first, pages=1), "scan (2).png": Expect(second, either=True)})
+    archived = {p.read_bytes() for p in daemon.archive.glob("scan*.png")}
+    assert archived == {first, second}
+    assert sorted(p.name for p in daemon.outbox.iterdir() if not p.name.startswith(".")) == ["long", "scan", "scan (2)"]
+
+
+@pytest.mark.soak
+def test_soak_a_real_500_mb_file_is_refused_or_read_with_bounded_memory(chaos_factory, tmp_path):
+    daemon: ChaosDaemon = chaos_factory(tmp_path / "tree", extra_config="[prepare]\nmax_file_mb = 400")
+    daemon.start()
+    daemon.sampler.start()
+    big = daemon.inbox / "huge.pdf.part"
+    with open(big, "wb") as handle:  # real blocks (not sparse): a PDF header, then 500 MB of noise
+        handle.write(b"%PDF-1.4\n")
+        for _ in range(500):
+            handle.write(os.urandom(1 << 20))
+    os.replace(big, daemon.inbox / "huge.pdf")
+    wait_for(lambda: daemon.final_count() == 1, 300, "the 500 MB file")
+    daemon.sampler.stop()
+    report = json.loads((daemon.failed / "huge.pdf.error.json").read_text())
+    assert "max_file_mb" in report["reason"]
+    assert daemon.sampler.max_rss_mb < 700
+    record_figures("500 MB file (soak)", state="failed", reason=report["reason"],
+                   max_rss_mb=daemon.sampler.max_rss_mb, max_fds=daemon.sampler.max_fds)
+    assert daemon.stop() == 0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "engine/tesseract.py (not owned here) turns a tesseract killed by a signal (returncode < 0) into "
+    "PermanentError, so the page and the document fail for good; it should be a TransientError"))
+def test_a_tesseract_killed_once_is_retried_and_the_document_published(chaos_factory, tmp_path):
+    flag = tmp_path / "kill-next-tesseract"
+    flag.touch()
+    env = fake_tools(tmp_path / "bin", tesseract=(
+        f'case "$*" in *--version*|*--list*) exec /usr/bin/tesseract "$@";; esac\n'
+        f'if rm {flag} 2>/dev/null; then kill -9 $$; fi\nexec /usr/bin/tesseract "$@"'))
+    daemon: ChaosDaemon = chaos_factory(tmp_path / "tree", env=env)
+    daemon.start()
+    drop_bytes(daemon.inbox, "note.png", text_png("engine killed once"))
+    wait_for(lambda: daemon.final_count() == 1, 60, "the document")
+    assert daemon.stop() == 0
+    assert daemon.states() == {"note.png": "published"}
