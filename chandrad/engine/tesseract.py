@@ -90,6 +90,9 @@ class TesseractEngine:
             proc.kill()
             await proc.wait()
             raise
+        if proc.returncode is not None and proc.returncode < 0:
+            # Killed by a signal (the OOM killer, an admin): nothing wrong with the page, try again.
+            raise TransientError(f"tesseract was killed (signal {-proc.returncode})", stage="engine")
         if proc.returncode != 0:
             raise PermanentError(
                 f"tesseract could not read the page: {err.decode(errors='replace').strip()[-200:]}", stage="engine"

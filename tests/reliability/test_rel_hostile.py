@@ -306,9 +306,6 @@ def test_soak_a_real_500_mb_file_is_refused_or_read_with_bounded_memory(chaos_fa
     assert daemon.stop() == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/tesseract.py (not owned here) turns a tesseract killed by a signal (returncode < 0) into "
-    "PermanentError, so the page and the document fail for good; it should be a TransientError"))
 def test_a_tesseract_killed_once_is_retried_and_the_document_published(chaos_factory, tmp_path):
     flag = tmp_path / "kill-next-tesseract"
     flag.touch()
