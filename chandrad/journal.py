@@ -255,17 +255,23 @@ class Journal:
         ``taken_before``: only documents journaled before this one count (by insertion order, not
         by the wall clock, which can jump back). A document resumed after a crash must not be
         called a duplicate of a later copy of itself (then both copies would fail); only the later
-        copy is. A ``settled`` row (journaled, never claimed: an intake that broke off) is no twin
-        either: the file it names is still in the inbox and comes back as this very document.
+        copy is. A ``settled`` row of this document's own name (an intake that broke off before
+        its claim) is no twin: that file is this very document, taken in again.
         """
-        order = "AND rowid < (SELECT rowid FROM documents WHERE id = ?) " if taken_before else ""
-        params: tuple[Any, ...] = (sha256, exclude_id, exclude_id) if taken_before else (sha256, exclude_id)
+        order = "AND rowid < (SELECT rowid FROM documents WHERE id = :id) " if taken_before else ""
         row = self._execute(
-            "SELECT * FROM documents WHERE sha256 = ? AND id != ? AND state NOT IN ('failed', 'settled') "
+            "SELECT * FROM documents WHERE sha256 = :sha AND id != :id AND state != 'failed' "
+            "AND NOT (state = 'settled' AND inbox = (SELECT inbox FROM documents WHERE id = :id) "
+            "AND rel_path = (SELECT rel_path FROM documents WHERE id = :id)) "
             f"{order}ORDER BY rowid LIMIT 1",
-            params,
+            {"sha": sha256, "id": exclude_id},
         ).fetchone()
         return Document.from_row(row) if row else None
+
+    def forget(self, doc_id: str) -> None:
+        """Remove a row for a file that vanished before it was claimed: nothing of it was taken in."""
+        self._execute("DELETE FROM pages WHERE doc_id = ?", (doc_id,))
+        self._execute("DELETE FROM documents WHERE id = ?", (doc_id,))
 
     def find_same_file(self, inbox: str, rel_path: str, size: int, mtime_ns: int, path: str) -> Document | None:
         """A document already accounted for that still sits at this name, unchanged: an original put

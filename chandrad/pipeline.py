@@ -96,6 +96,10 @@ class Pipeline:
         self.inboxes: dict[str, InboxSettings] = {inbox.name: inbox for inbox in settings.inbox}
         self.page_slots = asyncio.Semaphore(settings.engine.pages_in_flight(engine.name))
         self.prepare_slots = asyncio.Semaphore(settings.prepare.workers)
+        # Names being taken in right now. The daemon runs several intakes at once, and a name can
+        # be queued twice (a rescan re-announces it while intake is slow): the second would hash
+        # it, lose the race to claim it, and journal a phantom "vanished" document.
+        self._taking_in: set[Path] = set()
         self.pages_done = 0
 
     def update_settings(self, settings: Settings) -> None:
@@ -118,6 +122,15 @@ class Pipeline:
 
     async def intake(self, settled: SettledFile) -> Document | None:
         """Journal and claim a settled file. Returns the queued document, or None if nothing is to do."""
+        if settled.path in self._taking_in:
+            return None  # another intake has this very name in hand
+        self._taking_in.add(settled.path)
+        try:
+            return await self._intake(settled)
+        finally:
+            self._taking_in.discard(settled.path)
+
+    async def _intake(self, settled: SettledFile) -> Document | None:
         inbox, rel = settled.inbox, settled.rel_path
         bound = log.bind(inbox=inbox.name, file=str(rel))
         known = await self.journal.call(
@@ -150,10 +163,7 @@ class Pipeline:
         try:
             await asyncio.to_thread(publish.move_durably, settled.path, claimed)
         except FileNotFoundError:
-            await self.journal.call(
-                self.journal.set_state, doc.id, "failed",
-                error={"reason": "the file disappeared before chandrad could take it", "kind": "vanished"},
-            )
+            await self.journal.call(self.journal.forget, doc.id)  # gone before it was taken in: no document
             return None
         except OSError as error:
             reason = (f"chandrad cannot move the file out of the inbox: {error.strerror}; give its user write "
@@ -593,10 +603,7 @@ class Pipeline:
                     if source.exists() or source.is_symlink():
                         await asyncio.to_thread(publish.move_durably, source, claimed)
                     else:
-                        await self.journal.call(
-                            self.journal.set_state, doc.id, "failed",
-                            error={"reason": "the file disappeared before chandrad could take it", "kind": "vanished"},
-                        )
+                        await self.journal.call(self.journal.forget, doc.id)  # never taken in
                         continue
                 await self.journal.call(self.journal.set_state, doc.id, "queued", claimed_path=str(claimed))
             elif doc.state in ("preparing", "inferring"):

@@ -379,7 +379,9 @@ def check_accounted(daemon: ChaosDaemon, inputs: dict[str, Expect], formats: tup
     assert len(failed_rows) + len(published_rows) == len(rows)
     assert losses == 0, f"{losses} input(s) neither archived nor in failed/"
     assert dupes == 0, f"{dupes} duplicate output(s)/original(s)"
-    assert len(rows) <= len(inputs) + allow_extra_failed, f"{len(rows)} journal rows for {len(inputs)} inputs"
+    assert len(rows) <= len(inputs) + allow_extra_failed, (
+        f"{len(rows)} journal rows for {len(inputs)} inputs: "
+        f"{[(r['rel_path'], r['state'], r['error']) for r in rows]}")
     assert daemon.leftovers() == [], f"leftovers: {daemon.leftovers()}"
     work = daemon.state / "work"
     assert not work.exists() or list(work.iterdir()) == [], f"work dirs left: {list(work.iterdir())}"

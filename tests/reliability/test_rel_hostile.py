@@ -318,3 +318,21 @@ def test_a_tesseract_killed_once_is_retried_and_the_document_published(chaos_fac
     wait_for(lambda: daemon.final_count() == 1, 60, "the document")
     assert daemon.stop() == 0
     assert daemon.states() == {"note.png": "published"}
+
+
+def test_twenty_identical_files_dropped_together_are_published_once(chaos_factory, tmp_path):
+    """Intake runs several files at once: copies that settle together must still be recognised,
+    exactly one published and every other one failed as a duplicate naming it."""
+    daemon: ChaosDaemon = chaos_factory(tmp_path / "tree", inbox_config="settle_seconds = 0.5")
+    data = text_png("the same scan, twenty times")
+    daemon.start()
+    for n in range(20):
+        drop_bytes(daemon.inbox, f"copy{n:02d}.png", data)
+    wait_for(lambda: daemon.final_count() == 20, 60, "all twenty copies")
+    assert daemon.stop() == 0
+    states = daemon.states()
+    assert sorted(states.values()).count("published") == 1, states
+    reports = [json.loads(p.read_text()) for p in daemon.failed.glob("*.error.json")]
+    assert len(reports) == 19 and all(r["kind"] == "duplicate" for r in reports)
+    assert len(published_dirs(daemon.outbox)) == 1 and daemon.leftovers() == []
+    assert len(daemon.journal_rows("SELECT 1 FROM documents")) == 20, "no phantom rows"
