@@ -404,7 +404,7 @@ class Pipeline:
         if inbox.date_prefix:
             base = base / time.strftime("%Y/%m", time.localtime(doc.created_at))
         for _ in range(100):
-            target = publish.free_name(base / rel_dir, stem, is_dir=True)
+            target = publish.free_name(publish.output_folder(base, rel_dir), stem, is_dir=True)
             await self.journal.call(self.journal.set_state, doc.id, "publishing", output_dir=str(target))
             try:
                 await asyncio.to_thread(publish.publish_directory, staging, files, target)

@@ -63,6 +63,33 @@ def free_name(folder: Path, name: str, is_dir: bool = False) -> Path:
     return candidate
 
 
+def is_document_dir(path: Path) -> bool:
+    """A published document's folder holds files; the outbox's sub-folders hold only folders."""
+    try:
+        with os.scandir(path) as entries:
+            return any(entry.is_file(follow_symlinks=False) for entry in entries)
+    except OSError:
+        return False
+
+
+def output_folder(base: Path, rel_dir: PurePath) -> Path:
+    """``base / rel_dir``, except that no component may be a published document's folder.
+
+    Without this, ``inbox/a/b.pdf`` published into ``outbox/a/b/`` *inside* the folder of an
+    earlier ``inbox/a.pdf`` (``outbox/a/``): a published document changed after the fact, with a
+    foreign folder in it. Such a component becomes ``a (2)`` (the first that is not a document),
+    the same for every later file of that sub-folder.
+    """
+    current = base
+    for part in rel_dir.parts:
+        candidate, counter = current / part, 2
+        while is_document_dir(candidate):
+            candidate = current / f"{part} ({counter})"
+            counter += 1
+        current = candidate
+    return current
+
+
 # -- rendering (pure) ----------------------------------------------------------------------------
 
 

@@ -336,3 +336,24 @@ def test_twenty_identical_files_dropped_together_are_published_once(chaos_factor
     assert len(reports) == 19 and all(r["kind"] == "duplicate" for r in reports)
     assert len(published_dirs(daemon.outbox)) == 1 and daemon.leftovers() == []
     assert len(daemon.journal_rows("SELECT 1 FROM documents")) == 20, "no phantom rows"
+
+
+def test_a_document_and_a_folder_of_the_same_name_never_mix_their_outputs(chaos_factory, tmp_path):
+    """``invoices.pdf`` and a folder ``invoices/`` side by side in the inbox: each document gets a
+    folder of its own; nothing is ever written into another document's published folder."""
+    daemon: ChaosDaemon = chaos_factory(tmp_path / "tree")
+    daemon.start()
+    drop_bytes(daemon.inbox, "invoices.png", text_png("the invoices summary"))
+    wait_for(lambda: daemon.final_count() == 1, 30, "invoices.png")
+    published = sorted(p.name for p in (daemon.outbox / "invoices").iterdir())
+    drop_bytes(daemon.inbox, "invoices/march.png", text_png("march invoice"))
+    drop_bytes(daemon.inbox, "invoices/april.png", text_png("april invoice"))
+    wait_for(lambda: daemon.final_count() == 3, 30, "the folder's documents")
+    assert daemon.stop() == 0
+    assert sorted(p.name for p in (daemon.outbox / "invoices").iterdir()) == published, \
+        "the published folder of invoices.png was not changed afterwards"
+    for row in daemon.journal_rows("SELECT rel_path, output_dir FROM documents"):
+        others = [p for p in Path(row["output_dir"]).parents
+                  if daemon.outbox in p.parents and any(child.is_file() for child in p.iterdir())]
+        assert not others, f"{row['rel_path']} was published inside another document's folder {others}"
+    assert (daemon.outbox / "invoices (2)" / "march" / "march.md").exists()
