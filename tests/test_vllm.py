@@ -175,12 +175,15 @@ def test_kill_9_of_the_engine_core_mid_batch_is_survived_and_nothing_is_lost(dae
 
 
 def test_planned_recycle_after_n_pages_loses_nothing(daemon_factory, tiny_model):
-    daemon = daemon_factory(engine_config=engine_toml(tiny_model, recycle_after_pages=3)).start()
+    # Two pages at a time, so that pages are waiting while the engine recycles and go to the new one.
+    daemon = daemon_factory(engine_config=engine_toml(tiny_model, recycle_after_pages=3, max_pages_in_flight=2)).start()
     drop(corpus_file("multipage.pdf"), daemon.inbox)
     drop(corpus_file("trivial.pdf"), daemon.inbox)
     wait_for(lambda: daemon.settled_all(2), 240, "both documents across recycles")
     assert set(daemon.states().values()) == {"published"}
-    assert any(e.get("event") == "engine recycled" for e in daemon.events())
+    events = [e.get("event") for e in daemon.events()]
+    assert "engine recycled" in events
+    assert "page done" in events[events.index("engine recycled"):], "pages went on after the recycle"
     assert json.loads((daemon.outbox / "multipage" / "multipage.json").read_text())["num_pages"] == 6
     assert len(page_events(daemon)) == 7, "every page exactly once"
 
