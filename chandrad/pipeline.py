@@ -208,12 +208,19 @@ class Pipeline:
         """Carry one claimed document as far as it goes: published, failed, or queued for a retry."""
         doc = await self.journal.call(self.journal.get, doc_id)
         inbox = self.inboxes[doc.inbox]
+        tools: set[Any] = set()
+        token = prepare.running_tools.set(tools)
         with bound_contextvars(doc=doc.id, inbox=inbox.name, file=doc.rel_path):
             try:
                 return await self._process(doc, inbox)
             except DocumentError as error:
                 return await self._handle_error(doc_id, error)
             except asyncio.CancelledError:
+                # Stopping (drain deadline passed): the worker thread cannot be cancelled, but the
+                # program it waits for can; then the daemon exits now, and the document resumes
+                # at the next start.
+                if killed := prepare.kill_tools(tools):
+                    log.info("stopped the document's running programs", count=killed)
                 raise
             except Exception as error:  # a bug must not kill the daemon; it is retried, then failed
                 if _disk_full(error):  # a page image, the staging folder, a work file: wherever it hit
@@ -224,6 +231,8 @@ class Pipeline:
                 return await self._handle_error(
                     doc_id, TransientError(f"internal error: {type(error).__name__}: {error}", stage="internal")
                 )
+            finally:
+                prepare.running_tools.reset(token)
 
     async def _process(self, doc: Document, inbox: InboxSettings) -> Outcome:
         started = time.monotonic()

@@ -13,6 +13,7 @@ so a symlink, FIFO or device node is never read.
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import stat
 import hashlib
@@ -119,6 +120,26 @@ def sniff(path: Path) -> DocType:
 # -- running programs ----------------------------------------------------------------------------
 
 
+# The programs a document's processing has running right now, so that stopping it can kill them.
+# ``asyncio.to_thread`` copies the caller's context into the worker thread, so a set placed here by
+# ``Pipeline.process`` collects exactly that document's programs. Without it a stop waited for a
+# hung Ghostscript's timeout (300 s by default), past systemd's stop timeout.
+running_tools: contextvars.ContextVar[set[subprocess.Popen[bytes]] | None] = contextvars.ContextVar(
+    "running_tools", default=None
+)
+
+
+def kill_tools(procs: set[subprocess.Popen[bytes]]) -> int:
+    """SIGKILL the process groups of ``procs``; returns how many there were."""
+    found = list(procs)
+    for proc in found:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return len(found)
+
+
 def run_tool(
     args: list[str], timeout: float, stage: str, *, binary: bool = False
 ) -> subprocess.CompletedProcess[Any]:
@@ -135,6 +156,9 @@ def run_tool(
         raise TransientError(
             f"{args[0]} is not installed; install it (chandrad check lists what is missing)", stage=stage
         ) from None
+    registry = running_tools.get()
+    if registry is not None:
+        registry.add(proc)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -143,6 +167,9 @@ def run_tool(
     except BaseException:
         _kill_group(proc)
         raise
+    finally:
+        if registry is not None:
+            registry.discard(proc)
     if binary:
         return subprocess.CompletedProcess(args, proc.returncode, out, err.decode("utf-8", "replace"))
     return subprocess.CompletedProcess(

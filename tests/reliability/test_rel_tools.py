@@ -180,3 +180,29 @@ def test_a_journal_locked_for_longer_than_the_busy_timeout_while_running_loses_n
     record_figures("journal locked 14 s while running", restarts_needed=restarts, losses=0, duplicates=0,
                    journal_rows=daemon.count_rows())
     assert restarts == 0, "a long lock on the journal must not crash the daemon"
+
+
+def test_sigterm_while_ghostscript_hangs_exits_promptly_and_the_document_resumes(chaos_factory, tmp_path):
+    """A stop must not wait for a hung tool's timeout (300 s by default): systemd would SIGKILL the
+    daemon at TimeoutStopSec. The interrupted document resumes at the next start."""
+    env = fake_tools(tmp_path / "bin", gs=wrapper("/usr/bin/gs", "gs"))
+    daemon: ChaosDaemon = chaos_factory(
+        tmp_path / "tree", env=env,
+        extra_config="drain_seconds = 1\n[prepare]\nsubprocess_timeout_seconds = 120",
+    )
+    daemon.start()
+    form = corpus_bytes("with-form.pdf")
+    drop_bytes(daemon.inbox, "gshang-form.pdf", form)
+    wait_for(lambda: _hung_children(), 30, "Ghostscript to hang")
+    started = time.monotonic()
+    code = daemon.stop(timeout=60)
+    stop_seconds = time.monotonic() - started
+    wait_for(lambda: not _hung_children(), 10, "the hung Ghostscript to be killed with the daemon")
+    record_figures("SIGTERM while gs hangs", exit_code=code, stop_seconds=round(stop_seconds, 1))
+    assert code == 0 and stop_seconds < 15, f"stopped in {stop_seconds:.0f} s with {code}"
+    assert daemon.count_rows("state IN ('published', 'failed')") == 0, "interrupted, not failed"
+    daemon.env = {}  # Ghostscript works again
+    daemon.start()
+    wait_for(lambda: daemon.final_count() == 1, 60, "the interrupted document to resume")
+    assert daemon.stop() == 0
+    assert daemon.states() == {"gshang-form.pdf": "published"} and daemon.leftovers() == []
