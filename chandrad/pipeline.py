@@ -239,7 +239,8 @@ class Pipeline:
         assert doc.claimed_path is not None
         claimed = Path(doc.claimed_path)
         staging = self.staging_dir(inbox, doc.id)
-        if doc.state == "publishing" and doc.output_dir and not staging.exists() and Path(doc.output_dir).is_dir():
+        if (doc.state == "publishing" and doc.output_dir and not staging.exists()
+                and _published_by(Path(doc.output_dir), doc.id)):
             return await self._finish(doc, inbox)  # renamed into place before a crash: only the original is left
         if not claimed.exists():
             finished = await self._failure_already_on_disk(doc, inbox)
@@ -651,6 +652,22 @@ class Pipeline:
                         log.warning("a claimed file has no unfinished document; leaving it", path=str(entry))
                     continue
                 await asyncio.to_thread(shutil.rmtree, entry, True)
+
+
+def _published_by(output_dir: Path, doc_id: str) -> bool:
+    """Whether ``output_dir`` holds this document's outputs. The journal names the output folder
+    before the rename; if the rename never happened and the staging copy is gone too (outbox
+    wiped), another document may have taken that name since, and calling it ours would mark this
+    document published with someone else's outputs and archive its original unread. The JSON
+    names its document; without a JSON (formats without "json") the folder is trusted."""
+    if not output_dir.is_dir():
+        return False
+    for candidate in output_dir.glob("*.json"):
+        try:
+            return json.loads(candidate.read_text(encoding="utf-8")).get("doc_id") == doc_id
+        except (OSError, ValueError, AttributeError):
+            return False
+    return True
 
 
 def _find_stored_name(folder: Path, rel_path: str) -> Path:

@@ -176,6 +176,12 @@ class ChaosDaemon(DaemonProcess):
         return [e for e in self.events() if e.get("level") in ("error", "critical") or "exception" in e]
 
 
+def chaos_env(log: Path) -> dict[str, str]:
+    """Environment that loads ``chaos/sitecustomize.py`` into the daemon (keeping any PYTHONPATH)."""
+    paths = [str(CHAOS_DIR), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {"PYTHONPATH": os.pathsep.join(paths), "CHAOS_LOG": str(log)}
+
+
 def fake_tools(folder: Path, **scripts: str) -> dict[str, str]:
     """Shell scripts named like real tools, first on PATH; returns the env to pass to the daemon."""
     folder.mkdir(parents=True, exist_ok=True)

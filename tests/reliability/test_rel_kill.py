@@ -11,15 +11,17 @@ Two kinds of kill:
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.reliability.chaoslib import (
-    CHAOS_DIR, ChaosDaemon, Expect, check_accounted, corpus_bytes, drop_bytes, record_figures, simple_pdf,
+    ChaosDaemon, Expect, chaos_env, check_accounted, corpus_bytes, drop_bytes, record_figures, simple_pdf,
     text_png, wait_for,
 )
 
@@ -154,7 +156,7 @@ STEPS = [
 def test_kill_9_exactly_at_a_filesystem_step_recovers_to_one_outcome(chaos_factory, tmp_path, step, spec, kind):
     daemon = chaos_factory(extra_config="max_documents_in_flight = 1")
     hits = tmp_path / "chaos.log"
-    daemon.env.update({"PYTHONPATH": str(CHAOS_DIR), "CHAOS_LOG": str(hits)})
+    daemon.env.update(chaos_env(hits))
     inputs: dict[str, Expect] = {}
     if kind == "dup":
         first = simple_pdf(1, label="dup")
@@ -202,7 +204,7 @@ def test_soak_kill_9_after_every_fsync_and_rename_of_a_document_life(chaos_facto
             root = tmp_path / f"{call}-{nth}"
             daemon = chaos_factory(root, extra_config="max_documents_in_flight = 1")
             hits = root / "chaos.log"
-            daemon.env.update({"PYTHONPATH": str(CHAOS_DIR), "CHAOS_LOG": str(hits)})
+            daemon.env.update(chaos_env(hits))
             inputs = {"sub/doc.pdf": Expect(simple_pdf(2, label=f"{call} {nth}"), pages=2)}
             drop_bytes(daemon.inbox, "sub/doc.pdf", inputs["sub/doc.pdf"].data)
             daemon.start(env={"CHAOS_KILL": f"{call}::after:{nth}"}, wait=False)
@@ -219,3 +221,28 @@ def test_soak_kill_9_after_every_fsync_and_rename_of_a_document_life(chaos_facto
                 break
         figures[call] = nth - 1
     record_figures("kill -9 after every fsync/rename/mkdir (soak)", kills_per_call=figures, losses=0, duplicates=0)
+
+
+def test_a_resumed_publish_never_adopts_another_documents_folder(chaos_factory, tmp_path):
+    """Killed after the journal named ``outbox/doc/`` but before the rename; then the outbox is wiped
+    (staging with it) and another ``doc/`` appears there. On restart the document must be redone
+    and published beside it, not marked published with the other one's outputs."""
+    daemon = chaos_factory(extra_config="max_documents_in_flight = 1")
+    daemon.env.update(chaos_env(tmp_path / "chaos.log"))
+    data = simple_pdf(2, label="adopt")
+    drop_bytes(daemon.inbox, "doc.pdf", data)
+    daemon.start(env={"CHAOS_KILL": "rename:/.chandrad/staging/:before:1"}, wait=False)
+    assert daemon.wait_dead(60) == -9
+    for child in daemon.outbox.iterdir():
+        shutil.rmtree(child)
+    foreign = daemon.outbox / "doc"
+    foreign.mkdir()
+    (foreign / "doc.json").write_text('{"doc_id": "someone-else"}')
+    (foreign / "doc.md").write_text("not this document\n")
+    daemon.start(env={"CHAOS_KILL": ""})
+    wait_for(lambda: daemon.final_count() == 1, 60, "the document")
+    assert daemon.stop() == 0
+    row = daemon.journal_rows("SELECT output_dir, state FROM documents")[0]
+    assert row["state"] == "published" and Path(row["output_dir"]).name == "doc (2)", dict(row)
+    assert (foreign / "doc.md").read_text() == "not this document\n"
+    assert json.loads((daemon.outbox / "doc (2)" / "doc.json").read_text())["num_pages"] == 2
