@@ -236,10 +236,14 @@ class Daemon:
     async def _retry_loop(self) -> None:
         """Queued documents whose time has come (retries with backoff, resumed ones) go to the workers."""
         assert self.journal is not None
+        # Retry times are wall-clock (they survive restarts). A retry further ahead than any backoff
+        # can be means the clock stepped back (NTP, a restored VM): it is due, not an hour away.
+        longest_backoff = self.settings.retry_backoff_seconds * 2 ** self.settings.max_attempts + 60
         while True:
             now = time.time()
             for doc in await self.journal.call(self.journal.unfinished):
-                if doc.state == "queued" and doc.next_attempt_at <= now and doc.claimed_path:
+                due = doc.next_attempt_at <= now or doc.next_attempt_at - now > longest_backoff
+                if doc.state == "queued" and due and doc.claimed_path:
                     self._enqueue(doc.id)
             await asyncio.sleep(RETRY_POLL_SECONDS)
 

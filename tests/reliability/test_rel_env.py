@@ -230,10 +230,6 @@ def test_duplicates_are_ordered_by_journal_insertion_not_by_a_wall_clock_that_ju
 
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "daemon.py (not owned here): _retry_loop compares the journal's wall-clock next_attempt_at with "
-    "time.time(), so a clock stepped back (NTP correction, VM restore) delays every pending retry by the "
-    "size of the step; it should treat a next_attempt_at further ahead than the longest backoff as due"))
 async def test_a_retry_scheduled_before_the_clock_steps_back_an_hour_still_runs_on_time(tmp_path, monkeypatch):
     import chandrad.daemon as daemon_module
     from chandrad.daemon import Daemon
