@@ -53,11 +53,12 @@ def _install() -> None:
             for index in hits:
                 if points[index][2] == "before":
                     die(index, path)
-            result = original(*args, **kwargs)
-            for index in hits:
-                if points[index][2] == "after":
-                    die(index, path)
-            return result
+            try:
+                return original(*args, **kwargs)
+            finally:  # "after" also when the call raised (mkdir of an existing folder, say)
+                for index in hits:
+                    if points[index][2] == "after":
+                        die(index, path)
 
         return wrapper
 
