@@ -309,6 +309,7 @@ class Pipeline:
     ) -> None:
         """Render pages one at a time and keep up to ``max_pages_in_flight`` of them at the engine."""
         todo = [n for n in range(1, prepared.page_count + 1) if n not in done]
+        blank_pages = 0
 
         async def infer(page: prepare.PageImage) -> None:
             with bound_contextvars(page=page.page_no):
@@ -361,12 +362,22 @@ class Pipeline:
                             ) from None
                         await self._record_failed_page(doc.id, page_no, page_error, (0, 0))
                         continue
+                    if prepared.repair_warning and await asyncio.to_thread(prepare.is_blank, page.image):
+                        blank_pages += 1
                     await self.page_slots.acquire()
                     # Released by a done-callback: it runs even for a task cancelled before it started.
                     group.create_task(infer(page)).add_done_callback(lambda _: self.page_slots.release())
                     del page
         except BaseExceptionGroup as group_error:
             raise _first_document_error(group_error) from None
+        if prepared.repair_warning and not done and blank_pages == prepared.page_count:
+            # A truncated scan "repaired" into blank pages was published as an empty document and
+            # its original archived: the person never learnt that nothing had been read.
+            raise PermanentError(
+                f"the PDF is damaged (cut short or corrupted?): its structure could be repaired but none of its "
+                f"{prepared.page_count} page(s) has content left to read ({prepared.repair_warning})",
+                stage="render",
+            )
 
     async def _check_page_images(self, doc: Document, pages: list[PageRecord], staging: Path) -> None:
         """Pages' cropped figures live in staging (on the outbox's disk) until publish. If they

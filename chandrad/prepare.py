@@ -275,12 +275,14 @@ _COMPRESS_ARGS = {
 
 
 def normalise_pdf(
-    source: Path, target: Path, compress: str, settings: PrepareSettings, password: str | None = None
+    source: Path, target: Path, compress: str, settings: PrepareSettings, password: str | None = None,
+    warnings: list[str] | None = None,
 ) -> bool:
     """Rewrite ``source`` through Ghostscript into ``target``: repairs damage, flattens form fields.
 
     Returns False (and leaves no ``target``) when Ghostscript could not rewrite the file; the
-    caller then uses the original bytes if they are readable.
+    caller then uses the original bytes if they are readable. Ghostscript's complaints about page
+    content it could not draw are appended to ``warnings``.
     """
     args = [
         "gs", "-q", "-dNOPAUSE", "-dBATCH", "-dSAFER", "-sDEVICE=pdfwrite",
@@ -304,6 +306,8 @@ def normalise_pdf(
         log.warning("ghostscript could not rewrite the PDF", error=_last_line(result.stderr or result.stdout))
         target.unlink(missing_ok=True)
         return False
+    if warnings is not None and "Page drawing error" in result.stderr + result.stdout:
+        warnings.append("Ghostscript: page drawing error occurred, output may be incorrect")
     return True
 
 
@@ -467,6 +471,9 @@ class PreparedDocument:
     # Set while ``source`` is the untouched original PDF: where Ghostscript's repair may write.
     repair_to: Path | None = None
     compress: str = "lossless"
+    # The original did not parse and Ghostscript's repair reported content it could not draw (a
+    # file cut short, say): if every page then renders blank, the document is damaged, not empty.
+    repair_warning: str = ""
 
     def render(self, page_no: int, settings: PrepareSettings) -> PageImage:
         if self.doc_type == "image":
@@ -526,7 +533,8 @@ def prepare_document(
         return as_is
     # An OSError (ENOSPC on the state directory's disk included) propagates: the pipeline makes
     # a full disk wait instead of failing the document.
-    rewritten = normalise_pdf(original, normalised, compress, settings, password)
+    warnings: list[str] = []
+    rewritten = normalise_pdf(original, normalised, compress, settings, password, warnings)
     info = None
     if rewritten:
         try:
@@ -542,7 +550,15 @@ def prepare_document(
     if as_is is not None and not original_info.has_form and normalised.stat().st_size > size:  # type: ignore[union-attr]
         normalised.unlink()
         return as_is
-    return PreparedDocument("pdf", normalised, info.pages, info.page_sizes)
+    return PreparedDocument("pdf", normalised, info.pages, info.page_sizes,
+                            repair_warning="; ".join(warnings) if as_is is None else "")
+
+
+def is_blank(image: Image.Image) -> bool:
+    """Nothing but (near) white: what a page whose content could not be drawn renders as."""
+    extrema = image.getextrema()
+    bands = extrema if isinstance(extrema[0], tuple) else (extrema,)
+    return all(band[0] >= 250 for band in bands)  # type: ignore[index]
 
 
 def cleanup(work_dir: Path) -> None:
