@@ -13,21 +13,19 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import signal
 import struct
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-import pytest
 from PIL import Image, ImageDraw
 
+from chandrad.engine.base import PageRequest, PageResult
 from tests.conftest import DaemonProcess, wait_for
 
 CHAOS_DIR = Path(__file__).resolve().parent / "chaos"
@@ -275,6 +273,28 @@ def drop_bytes(inbox: Path, name: str | bytes, data: bytes) -> Path:
     return Path(os.fsdecode(target))
 
 
+FIGURE_HTML = (
+    '<div data-bbox="50 40 950 300" data-label="Text"><p>Quarterly figures</p></div>\n'
+    '<div data-bbox="100 350 900 900" data-label="Image"><img alt="a chart"/></div>'
+)
+
+
+class DrawingEngine:
+    """Answers every page with a text block and a figure (cropped into images/ by publish)."""
+
+    name = "fake"
+    model = "fake-figures"
+
+    async def start(self) -> None:
+        return None
+
+    async def ocr(self, request: PageRequest) -> PageResult:
+        return PageResult(html=FIGURE_HTML)
+
+    async def aclose(self) -> None:
+        return None
+
+
 # -- the checker -----------------------------------------------------------------------------------
 
 
@@ -318,7 +338,6 @@ def check_accounted(daemon: ChaosDaemon, inputs: dict[str, Expect], formats: tup
     outputs: dict[str, list[Path]] = {}
     half_written = []
     for folder in published_dirs(daemon.outbox):
-        stem = folder.name
         names = {child.name for child in folder.iterdir() if child.is_file()}
         json_files = [folder / n for n in names if n.endswith(".json")]
         if "json" in formats:
@@ -334,7 +353,6 @@ def check_accounted(daemon: ChaosDaemon, inputs: dict[str, Expect], formats: tup
             if {f"{base}.{fmt}" for fmt in formats} - names:
                 half_written.append(folder)
             outputs.setdefault(document["doc_id"], []).append(folder)
-        del stem
     assert half_written == [], f"half-written output directories: {half_written}"
 
     published_rows = [row for row in rows if row["state"] == "published"]
@@ -410,7 +428,7 @@ def corpus_bytes(name: str) -> bytes:
 
 
 __all__ = [
-    "ChaosDaemon", "Expect", "Sampler", "assemble_pdf", "check_accounted", "corpus_bytes", "drop_bytes",
+    "CHAOS_DIR", "ChaosDaemon", "DrawingEngine", "Expect", "chaos_env", "Sampler", "assemble_pdf", "check_accounted", "corpus_bytes", "drop_bytes",
     "fake_tools", "multi_frame_tiff", "png_bomb", "published_dirs", "record_figures", "sha", "simple_pdf",
-    "text_png", "wait_for", "shutil",
+    "text_png", "wait_for",
 ]

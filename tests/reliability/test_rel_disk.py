@@ -9,7 +9,6 @@ hits it: a page image, an output file in staging, the directory itself.
 from __future__ import annotations
 
 import errno
-import os
 import subprocess
 import time
 from collections.abc import Iterator

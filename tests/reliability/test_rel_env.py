@@ -20,10 +20,9 @@ from chandrad.journal import Journal
 from chandrad.pipeline import Pipeline
 from chandrad.watch import SettledFile
 from tests.reliability.chaoslib import (
-    ChaosDaemon, Expect, check_accounted, corpus_bytes, drop_bytes, published_dirs, record_figures, simple_pdf,
+    ChaosDaemon, DrawingEngine, Expect, check_accounted, corpus_bytes, drop_bytes, record_figures, simple_pdf,
     text_png, wait_for,
 )
-from tests.reliability.test_rel_powercut import DrawingEngine
 
 
 def test_an_inbox_unmounted_mid_document_and_mounted_again_loses_nothing(chaos_factory, tmp_path):

@@ -29,33 +29,10 @@ import pytest
 
 from chandrad import publish
 from chandrad.config import EngineSettings, InboxSettings, Settings
-from chandrad.engine.base import PageRequest, PageResult
 from chandrad.journal import Journal
 from chandrad.pipeline import Pipeline
 from chandrad.watch import SettledFile
-from tests.reliability.chaoslib import record_figures, simple_pdf, text_png
-
-FIGURE_HTML = (
-    '<div data-bbox="50 40 950 300" data-label="Text"><p>Quarterly figures</p></div>\n'
-    '<div data-bbox="100 350 900 900" data-label="Image"><img alt="a chart"/></div>'
-)
-
-
-class DrawingEngine:
-    """Answers every page with a text block and a figure (cropped into images/ by publish)."""
-
-    name = "fake"
-    model = "fake-figures"
-
-    async def start(self) -> None:
-        return None
-
-    async def ocr(self, request: PageRequest) -> PageResult:
-        return PageResult(html=FIGURE_HTML)
-
-    async def aclose(self) -> None:
-        return None
-
+from tests.reliability.chaoslib import DrawingEngine, record_figures, simple_pdf, text_png
 
 class Trace:
     def __init__(self) -> None:
