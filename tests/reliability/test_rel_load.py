@@ -134,7 +134,9 @@ def test_short_documents_are_not_starved_by_a_long_one(chaos_factory, tmp_path):
     record_figures("long (120 small pages) among short documents (bounded)", **figures)
     assert figures["shorts_arrived_during_long"] >= 6, figures
     assert figures["of_those_published_before_long"] == figures["shorts_arrived_during_long"], figures
-    assert figures["max_short_latency_s"] < 5, figures
+    # Starved, a short one would wait for the long one to end; queued behind other short ones
+    # (one worker is the long one's) it waits a few seconds on a loaded 2-core machine.
+    assert figures["max_short_latency_s"] < figures["long_seconds"] / 2, figures
 
 
 @pytest.mark.soak
@@ -145,4 +147,4 @@ def test_soak_short_documents_are_not_starved_by_a_300_page_one(chaos_factory, t
     record_figures("long (300 pages) among short documents (soak)", **figures)
     assert figures["shorts_arrived_during_long"] >= 15, figures
     assert figures["of_those_published_before_long"] == figures["shorts_arrived_during_long"], figures
-    assert figures["max_short_latency_s"] < 30, figures
+    assert figures["max_short_latency_s"] < figures["long_seconds"] / 2, figures
