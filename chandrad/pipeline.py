@@ -100,7 +100,6 @@ class Pipeline:
         # be queued twice (a rescan re-announces it while intake is slow): the second would hash
         # it, lose the race to claim it, and journal a phantom "vanished" document.
         self._taking_in: set[Path] = set()
-        self.pages_done = 0
 
     def update_settings(self, settings: Settings) -> None:
         """After a reload: documents of an inbox that vanished from the config keep its old settings."""
@@ -339,7 +338,6 @@ class Pipeline:
                         chunks=tuple(rendered.chunks),
                     ),
                 )
-                self.pages_done += 1
                 engine_stats = getattr(self.engine, "stats", None)
                 log.info("page done", page=page.page_no, of=prepared.page_count,
                          seconds=round(result.latency_s, 2), tokens=result.output_tokens, retries=result.retries,
