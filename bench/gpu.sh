@@ -6,15 +6,19 @@
 #
 #   bench/gpu.sh install              after the last chunk: install vLLM + wheels into /root/site,
 #                                     write the chandra2-like stand-in (make_model.py --full-vocab)
-#   bench/gpu.sh bench NAME [opts]    one bench/overhead.py run (bare engine, then the daemon) on the
-#                                     stand-in with load_format=dummy; $OUT/NAME.json, NAME.log,
-#                                     NAME-daemon.log come back
+#   bench/gpu.sh bench NAME [opts]    one bench/overhead.py run (bare engine, then the daemon, or both
+#                                     at once on two GPUs with --concurrent) on the stand-in with
+#                                     load_format=dummy; $OUT/NAME.json, NAME.log, NAME-daemon.log
+#   bench/gpu.sh soak NAME [opts]     bench/soak_gpu.py: mixed paper sizes, recycle, kill -9, GPU memory
+#                                     curve; $OUT/NAME.json, NAME.csv, NAME.log
+# The chandrad measured is the working tree that travelled with the call (SRC, committed first).
 # Both may be given in one call: bench/gpu.sh install && bench/gpu.sh bench smoke --pages 4 ...
 set -uo pipefail
 export PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 CARRY=$PWD/.bench-carry
 MODEL=/root/models/chandra2-like
+SRC=${SRC:-$PWD}
 OUT=${OUT:-/tmp/bench-out}
 mkdir -p "$OUT"
 
@@ -31,7 +35,7 @@ install() {
   [ -f $MODEL/config.json ] || python3 $CARRY/make_model.py $MODEL --arch chandra2-like --full-vocab | tail -1
   python3 -c "import vllm, torch, transformers, chandra.output, watchdog, structlog, pdf2image, pydantic_settings; \
 print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" || return 1
-  (cd $CARRY/src && python3 -m chandrad version) || return 1
+  (cd $SRC && python3 -m chandrad version) || return 1
   echo "install: $((SECONDS - t0)) s"
 }
 
@@ -62,8 +66,8 @@ bench() {
   local name=$1; shift
   setup_poppler
   nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu,clocks.sm --format=csv
-  python3 bench/overhead.py --src $CARRY/src --model $MODEL --arch chandra2-like --gpu --load-format dummy \
-    --drop $DROP --micro --engine-arg gdn_prefill_backend=triton --out $OUT/$name.json --workdir /root/work-$name \
+  python3 bench/overhead.py --src $SRC --model $MODEL --arch chandra2-like --gpu --load-format dummy \
+    --drop $DROP --engine-arg gdn_prefill_backend=triton --out $OUT/$name.json --workdir /root/work-$name \
     --label "$name" "$@" > $OUT/$name.log 2>&1
   local rc=$?
   cp /root/work-$name/daemon/daemon.log $OUT/$name-daemon.log 2>/dev/null
@@ -72,9 +76,21 @@ bench() {
   return $rc
 }
 
+soak() {
+  local name=$1; shift
+  setup_poppler
+  python3 bench/soak_gpu.py --src $SRC --model $MODEL --engine-arg gdn_prefill_backend=triton \
+    --workdir /root/work-$name --out $OUT/$name.json --csv $OUT/$name.csv "$@" > $OUT/$name.log 2>&1
+  local rc=$?
+  cp /root/work-$name/daemon.log $OUT/$name-daemon.log 2>/dev/null
+  grep -vE "^\(|INFO|WARNING" $OUT/$name.log | tail -30 | cut -c1-3000
+  return $rc
+}
+
 cmd=${1:-}; shift || true
 case "$cmd" in
   install) install ;;
   bench) bench "$@" ;;
-  *) echo "usage: bench/gpu.sh install | bench NAME [overhead.py options]"; exit 2 ;;
+  soak) soak "$@" ;;
+  *) echo "usage: bench/gpu.sh install | bench NAME [overhead.py options] | soak NAME [soak_gpu.py options]"; exit 2 ;;
 esac

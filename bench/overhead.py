@@ -103,10 +103,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", help="also write the RESULT json to this file")
     ap.add_argument("--label", default="", help="free text stored in the result")
     ap.add_argument("--micro", action="store_true", help="also time render/scale/publish steps per page, alone")
+    ap.add_argument("--daemon-gpus", default="0", help="daemon: engine.gpus, e.g. 0 or 0,1")
+    ap.add_argument("--layout", default="single", help="daemon: engine.layout (replicas, data-parallel, ...)")
+    ap.add_argument("--bare-gpu", type=int, default=0, help="bare engine: the GPU it runs on")
+    ap.add_argument("--concurrent", action="store_true",
+                    help="run the bare engine and the daemon at the same time, on different GPUs "
+                         "(--bare-gpu vs --daemon-gpus): one engine start of wall time instead of two")
+    ap.add_argument("--daemon-cache", default=None,
+                    help="daemon: VLLM_CACHE_ROOT (keep it between runs for warm compile caches)")
     return ap.parse_args(argv)
 
 
-def engine_settings(a: argparse.Namespace, model: str) -> Any:
+def engine_settings(a: argparse.Namespace, model: str, gpus: tuple[int, ...] = (0,), layout: str = "single") -> Any:
+    """EngineSettings for one side; ``in_flight`` is per engine (max_num_seqs), pages in flight scale
+    with the engines that layout runs."""
     from chandrad.config import EngineSettings
 
     extra: dict[str, Any] = {}
@@ -122,8 +132,8 @@ def engine_settings(a: argparse.Namespace, model: str) -> Any:
         kind="vllm", model=model, max_model_len=a.max_model_len, max_num_seqs=a.in_flight,
         max_num_batched_tokens=a.max_num_batched_tokens, gpu_memory_utilization=a.gpu_memory_utilization,
         enable_prefix_caching=not a.no_prefix_caching, max_tokens=a.max_tokens, max_retries=0,
-        bench_force_max_tokens=True, engine_args=extra,
-        max_pages_in_flight=a.max_pages_in_flight or a.in_flight,
+        bench_force_max_tokens=True, engine_args=extra, gpus=gpus, layout=layout,
+        max_pages_in_flight=a.max_pages_in_flight or a.in_flight * engines_fed(gpus, layout),
     )
     if a.gpu:
         values["enforce_eager"] = a.enforce_eager
@@ -133,6 +143,11 @@ def engine_settings(a: argparse.Namespace, model: str) -> Any:
         values["enforce_eager"] = True
         values["kv_cache_memory_gb"] = a.kv_cache_gb or 1.0
     return EngineSettings(**values)
+
+
+def engines_fed(gpus: tuple[int, ...], layout: str) -> int:
+    """How many schedulers share the pages (each holds max_num_seqs of them)."""
+    return len(gpus) if layout in ("replicas", "data-parallel") else 1
 
 
 # -- pages -----------------------------------------------------------------------------------------
@@ -237,22 +252,27 @@ def nvidia_smi(query: str) -> list[list[str]] | None:
 
 
 class GpuPoller(threading.Thread):
-    """nvidia-smi every second: utilization and memory used (all GPUs summed)."""
+    """nvidia-smi every second: utilization (mean) and memory used (summed) over ``gpus`` (all: None)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gpus: tuple[int, ...] | None = None) -> None:
         super().__init__(daemon=True)
+        self.gpus = gpus
         self.samples: list[tuple[float, float, float]] = []
+        self.per_gpu_mem_max: dict[int, float] = {}
         self.stop_event = threading.Event()
 
     def run(self) -> None:
         while not self.stop_event.is_set():
-            rows = nvidia_smi("utilization.gpu,memory.used")
+            rows = nvidia_smi("index,utilization.gpu,memory.used")
             if rows is None:
                 return
             try:
-                util = sum(float(r[0]) for r in rows) / len(rows)
-                mem = sum(float(r[1]) for r in rows)
-            except (ValueError, IndexError):
+                rows = [r for r in rows if self.gpus is None or int(r[0]) in self.gpus]
+                util = sum(float(r[1]) for r in rows) / len(rows)
+                mem = sum(float(r[2]) for r in rows)
+                for r in rows:
+                    self.per_gpu_mem_max[int(r[0])] = max(self.per_gpu_mem_max.get(int(r[0]), 0.0), float(r[2]))
+            except (ValueError, IndexError, ZeroDivisionError):
                 return
             self.samples.append((time.time(), util, mem))
             self.stop_event.wait(1.0)
@@ -263,7 +283,8 @@ class GpuPoller(threading.Thread):
             return {}
         return {"gpu_util_mean_pct": round(sum(s[1] for s in inside) / len(inside), 1),
                 "gpu_util_min_pct": min(s[1] for s in inside),
-                "gpu_mem_used_mib_max": max(s[2] for s in inside), "gpu_samples": len(inside)}
+                "gpu_mem_used_mib_max": max(s[2] for s in inside), "gpu_samples": len(inside),
+                "gpu_mem_used_mib_max_per_gpu": {str(k): v for k, v in sorted(self.per_gpu_mem_max.items())}}
 
 
 def _stat_fields(path: str) -> list[str] | None:
@@ -384,8 +405,11 @@ async def bare_phase(a: argparse.Namespace, settings: Any, images: list[Any], wa
     assert len(specs) == 1, "the bare loop covers single-engine layouts"
     spec = specs[0]
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    if cuda_gpu_visible():  # what VllmEngine._create does before it starts the engine
+    # Its own compile cache: a daemon started at the same time compiles into its own.
+    os.environ["VLLM_CACHE_ROOT"] = str(state_dir / "vllm-cache")
+    if cuda_gpu_visible():  # what VllmEngine._spawn does before it starts the engine
         os.environ.update(spec.env)
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
     else:
         for key, value in CPU_ENV.items():
@@ -436,7 +460,7 @@ async def bare_phase(a: argparse.Namespace, settings: Any, images: list[Any], wa
         done_at.clear(), latencies.clear(), tokens.clear()
         stats.peak_running = 0
 
-        gpu = GpuPoller()
+        gpu = GpuPoller(tuple(settings.gpus))
         gpu.start()
         cpu = CpuWindow(os.getpid())
         lag = LoopLag()
@@ -444,6 +468,7 @@ async def bare_phase(a: argparse.Namespace, settings: Any, images: list[Any], wa
         start = time.time()
         await asyncio.gather(*[one(f"page-{i}", image, a.max_tokens) for i, image in enumerate(images)])
         end = time.time()
+        result["window"] = [start, end]
         lag_task.cancel()
         gpu.stop_event.set()
         result.update(rates(start, done_at))
@@ -502,11 +527,20 @@ def toml_value(value: Any) -> str:
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def daemon_config(a: argparse.Namespace, settings: Any, root: Path) -> Path:
     engine = settings.model_dump(exclude_defaults=True, mode="json")
     lines = [
         f'state_dir = {toml_value(str(root / "state"))}', 'log_format = "json"', 'log_level = "info"',
-        f"max_documents_in_flight = {a.max_documents_in_flight or 2 * a.in_flight}",
+        f"max_documents_in_flight = {a.max_documents_in_flight or 2 * settings.pages_in_flight('vllm')}",
+        f'metrics_address = "127.0.0.1:{free_port()}"',  # metrics stay on (their cost is the daemon's)
         "max_attempts = 1", "", "[engine]",
         *(f"{key} = {toml_value(value)}" for key, value in engine.items()),
         "", "[prepare]",
@@ -606,7 +640,9 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
     config = daemon_config(a, settings, root)
     log_path = root / "daemon.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])}
+           "PYTHONPATH": os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "VLLM_CACHE_ROOT": a.daemon_cache or str(root / "vllm-cache")}
+    env.pop("CUDA_VISIBLE_DEVICES", None)  # chandrad sets it per engine from engine.gpus
     state = root / "state"
     result: dict[str, Any] = {"config": config.read_text()}
     with open(log_path, "ab") as log:
@@ -651,7 +687,7 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
             result["warmup_s"] = round(time.perf_counter() - t, 2)
             print(f"[daemon] warm-up document done in {result['warmup_s']} s", flush=True)
 
-        gpu = GpuPoller()
+        gpu = GpuPoller(tuple(settings.gpus))
         gpu.start()
         cpu = CpuWindow(proc.pid)
         start = time.time()
@@ -660,6 +696,7 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
         drop_s = time.time() - start
         rows = wait_docs(base + len(files), a.timeout)
         end = time.time()
+        result["window"] = [start, end]
         gpu.stop_event.set()
         cpu_summary = cpu.close()
         timed = [r for r in rows if r["rel_path"] != (warm_file.name if warm_file else None)]
@@ -798,7 +835,11 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sys.executable, a.make_model, model, "--arch", a.arch,
                             *(["--full-vocab"] if a.full_vocab else [])], check=True, capture_output=True)
             print(f"model {a.arch} written to {model} in {time.perf_counter() - t:.1f} s", flush=True)
-        settings = engine_settings(a, model)
+        daemon_gpus = tuple(int(g) for g in a.daemon_gpus.split(","))
+        settings = engine_settings(a, model, daemon_gpus, a.layout)  # the daemon's
+        bare_settings = engine_settings(a, model, (a.bare_gpu,), "single")
+        if a.concurrent and a.bare_gpu in daemon_gpus:
+            raise SystemExit("--concurrent needs the bare engine on a GPU the daemon does not use")
 
         t = time.perf_counter()
         drop_dir = root / "to-drop"
@@ -810,7 +851,8 @@ def main(argv: list[str] | None = None) -> int:
         result: dict[str, Any] = {
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "label": a.label, "device": device_description(a.gpu),
-            "gpus": len(settings.gpus) if a.gpu else 0, "pages": a.pages, "in_flight": a.in_flight,
+            "gpus": len(settings.gpus) if a.gpu else 0, "layout": a.layout, "concurrent": a.concurrent,
+            "pages": a.pages, "in_flight": a.in_flight,
             "max_tokens": a.max_tokens, "page_px": list(page_px), "dpi": a.dpi, "drop": a.drop,
             "model": model, "arch": a.arch, "options": vars(a),
             "engine_settings": settings.model_dump(mode="json", exclude_defaults=True),
@@ -828,13 +870,12 @@ def main(argv: list[str] | None = None) -> int:
                 Path(a.out).parent.mkdir(parents=True, exist_ok=True)
                 Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
 
-        for phase in phases:
-            save()
+        def run_phase(phase: str) -> None:
             if phase not in ("bare", "daemon"):
                 raise SystemExit(f"unknown phase {phase!r}")
             try:
                 if phase == "bare":
-                    bare = asyncio.run(bare_phase(a, settings, images, warm_images[0], root / "bare-state"))
+                    bare = asyncio.run(bare_phase(a, bare_settings, images, warm_images[0], root / "bare-state"))
                     result["bare"] = bare
                     result["vllm"] = bare.get("vllm")
                     print(f"[bare] {bare['pages']} pages in {bare['wall_s']} s: {bare['pages_per_s']} pages/s",
@@ -850,8 +891,24 @@ def main(argv: list[str] | None = None) -> int:
 
                 result[f"{phase}_error"] = f"{error!r}\n{traceback.format_exc()[-3000:]}"
                 print(f"[{phase}] FAILED: {error!r}", flush=True)
-            if a.gpu:
+            if a.gpu and not a.concurrent:
                 result.setdefault(phase, {})["gpu_mem_mib_after_shutdown"] = wait_gpu_memory_free()
+
+        save()
+        if a.concurrent:
+            # Daemon (child process) and bare engine (this process) on different GPUs, same pages.
+            daemon_side = threading.Thread(target=run_phase, args=("daemon",), name="daemon-phase")
+            daemon_side.start()
+            run_phase("bare")
+            daemon_side.join()
+            windows = [result.get(side, {}).get("window") for side in ("bare", "daemon")]
+            if all(windows):
+                (b0, b1), (d0, d1) = windows  # type: ignore[misc]
+                result["timed_windows_overlap_frac"] = round(max(0.0, min(b1, d1) - max(b0, d0)) / max(b1 - b0, d1 - d0), 3)
+        else:
+            for phase in phases:
+                save()
+                run_phase(phase)
         if "vllm" not in result or result["vllm"] is None:
             try:
                 import vllm

@@ -119,7 +119,12 @@ class EngineSettings(_Strict):
     enable_prefix_caching: bool = True
     min_pixels: int = Field(default=3136, ge=784)
     max_pixels: int = Field(default=6_291_456, ge=784)
-    mm_processor_cache_gb: float = Field(default=1.0, ge=0)
+    # vLLM's cache of processed images: every scanned page is new, so it only costs hashing and
+    # memory; it must be 0 when renderer_workers > 1 (vLLM's cache is not thread-safe).
+    mm_processor_cache_gb: float = Field(default=0.0, ge=0)
+    # Threads that tokenise prompts and run the image processor off the event loop, per engine
+    # front end (vLLM's renderer_num_workers); one thread does ~5 pages/s on an H200 host.
+    renderer_workers: int = Field(default=4, ge=1)
     enforce_eager: bool = False
     speculative_config: dict[str, Any] | None = None
     # Anything else for vllm's AsyncEngineArgs, passed through as is (wins over the above).
@@ -156,6 +161,11 @@ class EngineSettings(_Strict):
     def _check_pixels(self) -> EngineSettings:
         if self.min_pixels > self.max_pixels:
             raise ValueError("engine.min_pixels must not exceed engine.max_pixels")
+        if self.renderer_workers > 1 and self.mm_processor_cache_gb > 0:
+            raise ValueError(
+                "engine.mm_processor_cache_gb > 0 needs engine.renderer_workers = 1 (vLLM's image cache is "
+                "not thread-safe); scanned pages never repeat, so mm_processor_cache_gb = 0 is the better fix"
+            )
         return self
 
     def pages_in_flight(self, engine_name: str) -> int:

@@ -51,9 +51,23 @@ def create_engine(settings: EngineSettings, state_dir: Path) -> Engine:
             f"engine.kind = \"vllm\" needs vLLM in chandrad's environment: pip install 'chandrad[vllm]' "
             f"(or set engine.url to a vLLM server, or kind = \"tesseract\") — {error}"
         ) from None
+    import asyncio
+
     from chandrad.engine.layout import plan_engines
+    from chandrad.engine.replicas import ReplicaSet
     from chandrad.engine.supervisor import SupervisedEngine
     from chandrad.engine.vllm import VllmEngine
 
     plan_engines(settings, state_dir / "ec_cache")  # refuse impossible layouts now, not after a model load
-    return SupervisedEngine(lambda: VllmEngine(settings, state_dir), settings)
+    if settings.layout != "replicas":
+        return SupervisedEngine(lambda: VllmEngine(settings, state_dir), settings)
+    # One supervised single-GPU engine per GPU; they take turns only to spawn their EngineCore.
+    spawn_gate = asyncio.Lock()
+    replicas = []
+    for index, gpu in enumerate(settings.gpus):
+        one_gpu = settings.model_copy(update={"gpus": (gpu,), "layout": "single"})
+        replicas.append(SupervisedEngine(
+            lambda one_gpu=one_gpu: VllmEngine(one_gpu, state_dir, spawn_gate=spawn_gate), one_gpu,
+            recycle_phase=index / len(settings.gpus),
+        ))
+    return ReplicaSet(replicas)

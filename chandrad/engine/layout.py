@@ -50,6 +50,7 @@ def base_engine_args(settings: EngineSettings) -> dict[str, Any]:
         # Pixel bounds in the form transformers 5 wants ("size"); min/max_pixels are deprecated there.
         "mm_processor_kwargs": {"size": {"shortest_edge": settings.min_pixels, "longest_edge": settings.max_pixels}},
         "mm_processor_cache_gb": settings.mm_processor_cache_gb,
+        "renderer_num_workers": settings.renderer_workers,
         "enforce_eager": settings.enforce_eager,
         "gpu_memory_utilization": settings.gpu_memory_utilization,
         "disable_log_stats": True,  # our own stat logger reads the scheduler's numbers

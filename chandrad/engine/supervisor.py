@@ -44,17 +44,15 @@ class RestartableEngine(Protocol):
     def engine_pids(self) -> list[int]: ...
 
 
-def gpu_memory_used_bytes() -> int | None:
-    """GPU memory in use on the visible devices (NVML), or None where NVML is not available."""
+def gpu_memory_used_bytes(gpus: tuple[int, ...] | None = None) -> int | None:
+    """GPU memory in use on ``gpus`` (NVML indices; all when None), or None without NVML."""
     try:
         import pynvml  # type: ignore[import-not-found]
 
         pynvml.nvmlInit()
         try:
-            return sum(
-                pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used
-                for i in range(pynvml.nvmlDeviceGetCount())
-            )
+            indices = range(pynvml.nvmlDeviceGetCount()) if gpus is None else gpus
+            return sum(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used for i in indices)
         finally:
             pynvml.nvmlShutdown()
     except Exception:
@@ -62,9 +60,12 @@ def gpu_memory_used_bytes() -> int | None:
 
 
 class SupervisedEngine:
-    def __init__(self, factory: Callable[[], RestartableEngine], settings: EngineSettings) -> None:
+    def __init__(self, factory: Callable[[], RestartableEngine], settings: EngineSettings,
+                 recycle_phase: float = 0.0) -> None:
         self._factory = factory
         self.settings = settings
+        # Replicas recycle in turn, not all at once: replica i of n first recycles i/n of a period late.
+        self._recycle_delay_pages = int((settings.recycle_after_pages or 0) * recycle_phase)
         self.engine: RestartableEngine | None = None
         self.name = "vllm"
         self.model = settings.model
@@ -110,7 +111,7 @@ class SupervisedEngine:
         self.engine = engine
         self.model = engine.model
         self._generation += 1
-        self._pages_since_start = 0
+        self._pages_since_start = -self._recycle_delay_pages if self._generation == 1 else 0
         self._ready.set()
         log.info("engine up", generation=self._generation, seconds=round(time.monotonic() - started, 1))
 
@@ -132,6 +133,7 @@ class SupervisedEngine:
             self._ready.clear()
             started = time.monotonic()
             if planned:
+                log.info("engine recycling", reason=reason, pages_in_flight=self._in_flight)
                 await self._idle.wait()  # pages in flight finish first
             old, self.engine = self.engine, None
             if old is not None:
@@ -172,7 +174,7 @@ class SupervisedEngine:
                 continue
             watermark = self.settings.memory_watermark_gb
             if watermark is not None:
-                used = gpu_memory_used_bytes()
+                used = gpu_memory_used_bytes(tuple(self.settings.gpus))
                 if used is None:
                     used = rss_bytes(engine.engine_pids())
                 if used > watermark * 2**30:

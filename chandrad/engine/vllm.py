@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -36,6 +37,10 @@ from chandrad.errors import PermanentError, TransientError
 log = structlog.get_logger("chandrad.engine.vllm")
 
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+# How long an engine start may take to spawn its EngineCore process before the next one is spawned
+# anyway (after waiting for the first to finish loading: correct, only slower).
+SPAWN_WAIT_SECONDS = 120.0
 
 # For the CPU build of vLLM (tests, machines without a GPU): don't pin OpenMP threads to cores we
 # share with the daemon; run the model inside the EngineCore process (no extra worker process),
@@ -93,9 +98,11 @@ def _stat_logger_factory(stats: EngineStats) -> Any:
 class _Instance:
     """One AsyncLLM and what is needed to prompt it."""
 
-    def __init__(self, spec: EngineSpec, llm: Any, prompt_by_type: dict[str, str], stop_ids: list[int]) -> None:
+    def __init__(self, spec: EngineSpec, llm: Any, tokenizer: Any, prompt_by_type: dict[str, str],
+                 stop_ids: list[int]) -> None:
         self.spec = spec
         self.llm = llm
+        self.tokenizer = tokenizer
         self.prompt_by_type = prompt_by_type
         self.stop_ids = stop_ids
         self.in_flight = 0
@@ -109,9 +116,13 @@ class VllmEngine:
         settings: EngineSettings,
         state_dir: Path,
         repeat_detector: Callable[[str], bool] = chandra_is_repeating,
+        spawn_gate: asyncio.Lock | None = None,
     ) -> None:
         self.settings = settings
         self.state_dir = state_dir
+        # Engines of one process that start at the same time (replicas) take turns only while
+        # their EngineCore is being spawned: see _spawn.
+        self.spawn_gate = spawn_gate or asyncio.Lock()
         self.model = settings.model
         self.repeat_detector = repeat_detector
         self.stats = EngineStats()
@@ -127,27 +138,58 @@ class VllmEngine:
 
         self.vllm_version = vllm.__version__
         self.stats = EngineStats()
+        loading: list[asyncio.Task[_Instance]] = []
         try:
             for spec in self.specs:
-                instance = await asyncio.to_thread(self._create, spec)
+                loading.append(await self._spawn(spec))
+            for spec, task in zip(self.specs, loading):
+                instance = await task
                 (self._encoders if spec.role == "encoder" else self._instances).append(instance)
             await self._warm_up()
         except BaseException:
+            # A thread still loading an engine cannot be cancelled: shut that engine down once it is up.
+            for task in loading:
+                if not task.done():
+                    task.add_done_callback(_shut_down_when_loaded)
+                elif not task.cancelled() and task.exception() is None:
+                    if task.result() not in (*self._instances, *self._encoders):
+                        self._instances.append(task.result())
             await self.aclose()
             raise
+
+    async def _spawn(self, spec: EngineSpec) -> asyncio.Task[_Instance]:
+        """Start loading one engine; return once its EngineCore process exists.
+
+        The EngineCore child takes CUDA_VISIBLE_DEVICES from this process's environment when it is
+        spawned, so engines are spawned one at a time, each with its own GPUs set, and then load
+        (minutes: weights, compile, CUDA graphs) side by side: two replicas start in the time of one.
+        """
+        async with self.spawn_gate:
+            os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+            if _has_cuda_devices():
+                os.environ.update(spec.env)
+                # engine.gpus are the indices nvidia-smi and NVML show (PCI order), not CUDA's own order.
+                os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+                os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
+            else:
+                for key, value in CPU_ENV.items():
+                    os.environ.setdefault(key, value)
+            before = set(_spawned_children())
+            task = asyncio.create_task(asyncio.to_thread(self._create, spec), name=f"load-{spec.name}")
+            deadline = time.monotonic() + SPAWN_WAIT_SECONDS
+            # Without a child process (CPU build, in-process engine) this waits for the whole load.
+            while not task.done() and time.monotonic() < deadline:
+                if set(_spawned_children()) - before:
+                    break
+                await asyncio.sleep(0.2)
+            if not task.done() and time.monotonic() >= deadline:
+                await asyncio.shield(task)
+        return task
 
     def _create(self, spec: EngineSpec) -> _Instance:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        # The EngineCore child inherits the environment at spawn: set its GPUs and allocator first.
-        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-        if _has_cuda_devices():
-            os.environ.update(spec.env)
-            os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
-        else:
-            for key, value in CPU_ENV.items():
-                os.environ.setdefault(key, value)
         if spec.role == "encoder":
             (self.state_dir / "ec_cache").mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
@@ -167,7 +209,7 @@ class VllmEngine:
         stop_ids = [vocab[token] for token in STOP_TOKENS if token in vocab]
         log.info("vllm engine started", engine=spec.name, gpus=spec.cuda_visible_devices,
                  seconds=round(time.monotonic() - started, 1), vllm=self.vllm_version)
-        return _Instance(spec, llm, prompts, stop_ids)
+        return _Instance(spec, llm, tokenizer, prompts, stop_ids)
 
     async def _warm_up(self) -> None:
         """One small page end to end: readiness means the engine has answered, not just loaded."""
@@ -261,23 +303,27 @@ class VllmEngine:
         temperature: float, top_p: float, attempt: int,
     ) -> Any:
         from vllm import SamplingParams
-        from vllm.v1.engine.exceptions import EngineDeadError
-
         from vllm.exceptions import VLLMValidationError
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         # An over-long prompt: VLLMValidationError (a ValueError subclass in 0.26, not in 0.32),
         # or a plain ValueError from 0.26's engine-level length check.
         prompt_rejected = (VLLMValidationError, ValueError)
+        # Only the final output is wanted, as token ids: vLLM would otherwise detokenize every step
+        # and build an output object per token on this event loop, which serves every page.
         params = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop_token_ids=instance.stop_ids,
             ignore_eos=self.settings.bench_force_max_tokens, seed=attempt if temperature > 0 else None,
+            output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False,
             **self._repetition_detection(),
         )
         prompt = {"prompt": instance.prompt_by_type[request.prompt_type], "multi_modal_data": {"image": image}}
         request_id = f"{request.doc_id}-p{request.page_no}-a{attempt}-{uuid.uuid4().hex[:8]}"
         final = None
         try:
-            async for output in instance.llm.generate(prompt, params, request_id=request_id):
+            engine_input = await _render_off_loop(instance.llm, prompt)
+            async for output in instance.llm.generate(engine_input, params, request_id=request_id):
                 final = output
         except EngineDeadError as error:
             raise EngineDied("the vLLM engine process died", stage="engine", detail=str(error)) from error
@@ -294,6 +340,10 @@ class VllmEngine:
             raise TransientError(f"the engine could not generate: {error}", stage="engine") from error
         if final is None:
             raise TransientError("the engine returned no output", stage="engine")
+        completion = final.outputs[0]
+        completion.text = await asyncio.to_thread(
+            instance.tokenizer.decode, list(completion.token_ids), skip_special_tokens=True,
+        )
         return final
 
 
@@ -311,8 +361,30 @@ class VllmEngine:
         )}
 
 
+async def _render_off_loop(llm: Any, prompt: dict[str, Any]) -> Any:
+    """The prompt tokenised and its image through the model's processor, in vLLM's renderer threads.
+
+    Handed a raw prompt, vLLM (0.26 and 0.32 alike) runs the image processor inside ``generate`` on
+    the caller's event loop: ~195 ms a page on an H200 host, one page at a time, which capped one
+    front end near 3 pages/s (bench/NOTES-overhead.md). Its renderer does the same work in a thread
+    pool of ``renderer_num_workers`` (engine.renderer_workers). Older vLLM without a renderer gets
+    the raw prompt.
+    """
+    renderer = getattr(llm, "renderer", None)
+    render = getattr(renderer, "render_cmpl_async", None)
+    if render is None:
+        return prompt
+    (engine_input,) = await render([prompt])
+    return engine_input
+
+
 def _scaled_rgb(image: Image.Image) -> Image.Image:
     return scale_to_fit(image.convert("RGB"))
+
+
+def _shut_down_when_loaded(task: asyncio.Task[_Instance]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        threading.Thread(target=_shutdown_quietly, args=(task.result().llm,), daemon=True).start()
 
 
 def _shutdown_quietly(llm: Any) -> None:
@@ -329,6 +401,14 @@ def _has_cuda_devices() -> bool:
     from chandrad.engine import cuda_gpu_visible
 
     return cuda_gpu_visible()
+
+
+def _spawned_children() -> list[int]:
+    """Child processes of this one that multiprocessing spawned or vLLM named (EngineCore)."""
+    return [
+        pid for pid in descendant_pids(os.getpid())
+        if any(mark in process_cmdline(pid) for mark in ("spawn_main", "VLLM", "EngineCore"))
+    ]
 
 
 def descendant_pids(pid: int) -> list[int]:

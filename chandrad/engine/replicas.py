@@ -1,0 +1,112 @@
+"""One engine per GPU, each supervised on its own, pages balanced between them ("replicas").
+
+A replica is a whole engine: its own vLLM front end (tokenising, image processing, output
+handling) and its own EngineCore on one GPU. Two replicas scale with the GPUs because nothing is
+shared above them but the daemon's event loop; vLLM's data-parallel mode instead feeds every GPU
+from one front end (bench/results, issue 7). Each replica restarts and recycles alone: while one
+reloads, the others keep reading pages, and their planned recycles are staggered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from chandrad.engine.base import PageRequest, PageResult
+from chandrad.engine.supervisor import SupervisedEngine
+
+log = structlog.get_logger("chandrad.engine.replicas")
+
+
+@dataclass
+class CombinedStats:
+    """The replicas' scheduler figures added up (what the pipeline logs per page)."""
+
+    running: int
+    waiting: int
+    peak_running: int
+    pages: int
+    output_tokens: int
+
+
+class ReplicaSet:
+    def __init__(self, replicas: list[SupervisedEngine]) -> None:
+        self.replicas = replicas
+        self.name = "vllm"
+        self.model = replicas[0].model
+        self._pages_at: list[int] = [0] * len(replicas)
+
+    # -- what the daemon reads ----------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        states = [replica.state for replica in self.replicas]
+        if all(state == "up" for state in states):
+            return "up"
+        up = states.count("up")
+        if up:
+            return f"up ({up} of {len(states)} replicas; the others {'/'.join(sorted(set(states) - {'up'}))})"
+        return "starting" if all(state == "starting" for state in states) else "restarting"
+
+    @property
+    def restarts(self) -> int:
+        return sum(replica.restarts for replica in self.replicas)
+
+    @property
+    def recycles(self) -> int:
+        return sum(replica.recycles for replica in self.replicas)
+
+    @property
+    def stats(self) -> CombinedStats:
+        parts = [replica.stats for replica in self.replicas if replica.stats is not None]
+        return CombinedStats(
+            running=sum(part.running for part in parts),
+            waiting=sum(part.waiting for part in parts),
+            peak_running=sum(part.peak_running for part in parts),
+            pages=sum(part.pages for part in parts),
+            output_tokens=sum(part.output_tokens for part in parts),
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """All replicas load side by side; ready when every one has answered its warm-up."""
+        results = await asyncio.gather(*(replica.start() for replica in self.replicas), return_exceptions=True)
+        failures = [result for result in results if isinstance(result, BaseException)]
+        if failures:
+            await self.aclose()
+            raise failures[0]
+        self.model = self.replicas[0].model
+        log.info("replicas up", replicas=len(self.replicas))
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(replica.aclose() for replica in self.replicas), return_exceptions=True)
+
+    # -- pages ----------------------------------------------------------------------------------
+
+    def _choose(self) -> int:
+        """The replica with the fewest of our pages, among those up (any, if none is up)."""
+        candidates = [i for i, replica in enumerate(self.replicas) if replica.state == "up"]
+        if not candidates:
+            candidates = list(range(len(self.replicas)))
+        return min(candidates, key=lambda i: self._pages_at[i])
+
+    async def ocr(self, request: PageRequest) -> PageResult:
+        index = self._choose()
+        self._pages_at[index] += 1
+        try:
+            return await self.replicas[index].ocr(request)
+        finally:
+            self._pages_at[index] -= 1
+
+    # For tests and the metrics loop: every replica's engine processes.
+    def engine_pids(self) -> list[int]:
+        pids: list[int] = []
+        for replica in self.replicas:
+            engine: Any = replica.engine
+            if engine is not None:
+                pids.extend(engine.engine_pids())
+        return pids
