@@ -143,7 +143,9 @@ class EngineSettings(_Strict):
 
     # -- GPUs --
     gpus: tuple[int, ...] = (0,)
-    layout: Literal["single", "replicas", "data-parallel", "tensor-parallel", "encoder-split"] = "single"
+    # "auto": "single" for one GPU, "replicas" for several (1.98x one GPU on two H200s, where vLLM's
+    # data-parallel mode gave 1.33x: bench/results/gpu-2xh200-replicas-*, README "Performance").
+    layout: Literal["auto", "single", "replicas", "data-parallel", "tensor-parallel", "encoder-split"] = "auto"
 
     # -- supervision --
     # Restart the engine after this many pages (planned recycle against slow memory growth).
@@ -152,10 +154,19 @@ class EngineSettings(_Strict):
     memory_watermark_gb: float | None = Field(default=None, gt=0)
     restart_backoff_seconds: float = Field(default=2.0, ge=0)
     restart_backoff_max_seconds: float = Field(default=60.0, ge=0)
-    # A page in flight during this many engine deaths is failed alone instead of crashing it again.
+    # A page in flight during this many engine deaths is then sent alone; if the engine dies with
+    # it alone too, the page fails instead of crashing the engine forever.
     poison_page_deaths: int = Field(default=2, ge=1)
     health_check_seconds: float = Field(default=30.0, gt=0)
     start_timeout_seconds: float = Field(default=1800.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_layout(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("layout", "auto") == "auto":
+            gpus = data.get("gpus", (0,))
+            data = {**data, "layout": "replicas" if isinstance(gpus, (list, tuple)) and len(gpus) > 1 else "single"}
+        return data
 
     @model_validator(mode="after")
     def _check_pixels(self) -> EngineSettings:

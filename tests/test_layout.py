@@ -67,7 +67,7 @@ def test_engine_args_pass_through_and_win():
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"gpus": (0, 1)}, 'layout = "single" uses one GPU'),
+        ({"gpus": (0, 1), "layout": "single"}, 'layout = "single" uses one GPU'),
         ({"gpus": (0,), "layout": "data-parallel"}, "needs at least two GPUs"),
         ({"gpus": (0, 1, 2), "layout": "encoder-split"}, "exactly two GPUs"),
         ({"gpus": (0, 1, 2), "layout": "tensor-parallel"}, "power-of-two"),
@@ -78,6 +78,12 @@ def test_engine_args_pass_through_and_win():
 def test_impossible_layouts_are_refused_at_startup(settings, message):
     with pytest.raises(ConfigError, match=message):
         plan(**settings)
+
+
+def test_auto_layout_is_single_on_one_gpu_and_replicas_on_several():
+    assert EngineSettings().layout == "single"
+    assert EngineSettings(gpus=(0, 1)).layout == "replicas"
+    assert [spec.gpus for spec in plan(gpus=(0, 1))] == [(0,), (1,)]
 
 
 def test_pages_in_flight_default_follows_the_engine():

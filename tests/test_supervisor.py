@@ -1,0 +1,160 @@
+"""Supervision rules that need an engine crash caused by one particular page.
+
+No input reliably crashes the real vLLM engine, so these tests use ``CrashingEngine``, a test
+double for it: it dies (every page in flight gets ``EngineDied``) whenever a page listed as poison
+is being read, or once on request. Crashes of the real engine (kill -9 of its EngineCore) are
+tested in test_vllm.py and on the GPU (bench/soak_gpu.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+from PIL import Image
+
+from chandrad.config import EngineSettings
+from chandrad.engine.base import PageRequest, PageResult
+from chandrad.engine.replicas import ReplicaSet
+from chandrad.engine.supervisor import SupervisedEngine
+from chandrad.engine.vllm import EngineDied
+from chandrad.errors import PermanentError
+
+PAGE = Image.new("RGB", (8, 8), "white")
+
+
+@dataclass
+class World:
+    poison: set[tuple[str, int]] = field(default_factory=set)
+    crash_once: bool = False
+    restart_seconds: float = 0.0
+    starts: int = 0
+    pages_read: int = 0
+    concurrency_by_start: dict[int, int] = field(default_factory=dict)
+
+
+class CrashingEngine:
+    """Test double for the vLLM engine (see the module docstring)."""
+
+    name = "vllm"
+    model = "crashing-double"
+    stats = None
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.alive = True
+        self.reading: set[tuple[str, int]] = set()
+
+    async def start(self) -> None:
+        self.world.starts += 1
+        self.generation = self.world.starts
+        if self.generation > 1:
+            await asyncio.sleep(self.world.restart_seconds)
+
+    async def ocr(self, request: PageRequest) -> PageResult:
+        key = (request.doc_id, request.page_no)
+        self.reading.add(key)
+        peak = self.world.concurrency_by_start
+        peak[self.generation] = max(peak.get(self.generation, 0), len(self.reading))
+        try:
+            for _ in range(5):
+                await asyncio.sleep(0.01)
+                if self.alive and (self.reading & self.world.poison or self.world.crash_once):
+                    self.world.crash_once = False
+                    self.alive = False
+                if not self.alive:
+                    raise EngineDied("the stand-in engine died", stage="engine")
+            self.world.pages_read += 1
+            return PageResult(html=f"<div>{request.doc_id} {request.page_no}</div>")
+        finally:
+            self.reading.discard(key)
+
+    async def aclose(self) -> None:
+        self.alive = False
+
+    async def check_health(self) -> None:
+        return None
+
+    def engine_pids(self) -> list[int]:
+        return []
+
+
+def supervised(world: World) -> SupervisedEngine:
+    settings = EngineSettings(kind="vllm", restart_backoff_seconds=0, health_check_seconds=3600, poison_page_deaths=2)
+    return SupervisedEngine(lambda: CrashingEngine(world), settings)
+
+
+async def read_all(engine: SupervisedEngine, pages: int) -> list[PageResult | BaseException]:
+    requests = [PageRequest("doc", page_no, PAGE) for page_no in range(1, pages + 1)]
+    return await asyncio.gather(*(engine.ocr(request) for request in requests), return_exceptions=True)
+
+
+async def test_one_crash_sends_every_page_again_together_and_fails_none():
+    world = World(crash_once=True)
+    engine = supervised(world)
+    await engine.start()
+    try:
+        results = await read_all(engine, 20)
+    finally:
+        await engine.aclose()
+    assert all(isinstance(result, PageResult) for result in results)
+    assert engine.restarts == 1 and world.starts == 2
+    # After the crash, the 20 pages went back at once (they were re-read one by one before).
+    assert world.concurrency_by_start[2] == 20
+
+
+async def test_a_page_that_keeps_crashing_the_engine_fails_alone_and_only_it():
+    world = World(poison={("doc", 7)})
+    engine = supervised(world)
+    await engine.start()
+    try:
+        results = await read_all(engine, 20)
+    finally:
+        await engine.aclose()
+    failed = {page_no for page_no, result in enumerate(results, start=1) if not isinstance(result, PageResult)}
+    assert failed == {7}
+    assert isinstance(results[6], PermanentError) and "only page being read" in str(results[6])
+    # Two crashes with everything in flight, then pages 1-20 suspected: each read alone once the
+    # poison page crashed it a third time, alone.
+    assert engine.restarts >= 3
+    assert all(isinstance(result, PageResult) for page_no, result in enumerate(results, start=1) if page_no != 7)
+
+
+@pytest.mark.parametrize("poison_deaths", [1, 3])
+async def test_the_number_of_crashes_before_a_page_is_read_alone_is_configurable(poison_deaths):
+    world = World(poison={("doc", 2)})
+    settings = EngineSettings(kind="vllm", restart_backoff_seconds=0, health_check_seconds=3600,
+                              poison_page_deaths=poison_deaths)
+    engine = SupervisedEngine(lambda: CrashingEngine(world), settings)
+    await engine.start()
+    try:
+        results = await read_all(engine, 4)
+    finally:
+        await engine.aclose()
+    assert [isinstance(result, PageResult) for result in results] == [True, False, True, True]
+    # poison_deaths crashes in company, then one alone: the page fails at the crash after that.
+    assert world.starts == 1 + poison_deaths + 1
+
+
+async def test_while_one_replica_restarts_the_others_read_the_pages():
+    first, second = World(crash_once=True, restart_seconds=0.5), World()
+    settings = EngineSettings(kind="vllm", gpus=(0, 1), restart_backoff_seconds=0, health_check_seconds=3600)
+    replicas = ReplicaSet([SupervisedEngine(lambda world=world: CrashingEngine(world), settings)
+                           for world in (first, second)])
+    await replicas.start()
+    try:
+        crashed = await replicas.ocr(PageRequest("doc", 1, PAGE))  # the first replica dies under it
+        assert isinstance(crashed, PageResult) and replicas.restarts == 1
+        assert replicas.state == "up"
+        first.crash_once = True
+        pending = asyncio.ensure_future(replicas.ocr(PageRequest("doc", 2, PAGE)))
+        await asyncio.sleep(0.1)  # the first replica is now restarting (0.5 s)
+        assert replicas.state.startswith("up (1 of 2 replicas")
+        before = second.pages_read
+        results = await asyncio.gather(*(replicas.ocr(PageRequest("doc", n, PAGE)) for n in range(3, 13)))
+        assert all(isinstance(result, PageResult) for result in results)
+        assert second.pages_read - before == 10, "every new page went to the replica that was up"
+        assert isinstance(await pending, PageResult)
+    finally:
+        await replicas.aclose()
