@@ -397,23 +397,15 @@ async def bare_phase(a: argparse.Namespace, settings: Any, images: list[Any], wa
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from chandrad.engine import cuda_gpu_visible
     from chandrad.engine.layout import plan_engines
-    from chandrad.engine.vllm import CPU_ENV, STOP_TOKENS, EngineStats, _stat_logger_factory
+    from chandrad.engine.vllm import STOP_TOKENS, EngineStats, _stat_logger_factory, set_spawn_environment
 
     specs = plan_engines(settings, state_dir / "ec_cache")
     assert len(specs) == 1, "the bare loop covers single-engine layouts"
     spec = specs[0]
-    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     # Its own compile cache: a daemon started at the same time compiles into its own.
     os.environ["VLLM_CACHE_ROOT"] = str(state_dir / "vllm-cache")
-    if cuda_gpu_visible():  # what VllmEngine._spawn does before it starts the engine
-        os.environ.update(spec.env)
-        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
-    else:
-        for key, value in CPU_ENV.items():
-            os.environ.setdefault(key, value)
+    set_spawn_environment(spec)  # what VllmEngine does before it starts an engine
 
     stats = EngineStats()
     t = time.perf_counter()

@@ -86,18 +86,19 @@ def supervised(world: World) -> SupervisedEngine:
 
 
 async def read_all(engine: SupervisedEngine, pages: int) -> list[PageResult | BaseException]:
-    requests = [PageRequest("doc", page_no, PAGE) for page_no in range(1, pages + 1)]
-    return await asyncio.gather(*(engine.ocr(request) for request in requests), return_exceptions=True)
+    """Pages 1..pages of one document at once, through a started engine that is closed after."""
+    await engine.start()
+    try:
+        requests = [PageRequest("doc", page_no, PAGE) for page_no in range(1, pages + 1)]
+        return await asyncio.gather(*(engine.ocr(request) for request in requests), return_exceptions=True)
+    finally:
+        await engine.aclose()
 
 
 async def test_one_crash_sends_every_page_again_together_and_fails_none():
     world = World(crash_once=True)
     engine = supervised(world)
-    await engine.start()
-    try:
-        results = await read_all(engine, 20)
-    finally:
-        await engine.aclose()
+    results = await read_all(engine, 20)
     assert all(isinstance(result, PageResult) for result in results)
     assert engine.restarts == 1 and world.starts == 2
     # After the crash, the 20 pages went back at once (they were re-read one by one before).
@@ -107,11 +108,7 @@ async def test_one_crash_sends_every_page_again_together_and_fails_none():
 async def test_a_page_that_keeps_crashing_the_engine_fails_alone_and_only_it():
     world = World(poison={("doc", 7)})
     engine = supervised(world)
-    await engine.start()
-    try:
-        results = await read_all(engine, 20)
-    finally:
-        await engine.aclose()
+    results = await read_all(engine, 20)
     failed = {page_no for page_no, result in enumerate(results, start=1) if not isinstance(result, PageResult)}
     assert failed == {7}
     assert isinstance(results[6], PermanentError) and "only page being read" in str(results[6])
@@ -127,11 +124,7 @@ async def test_the_number_of_crashes_before_a_page_is_read_alone_is_configurable
     settings = EngineSettings(kind="vllm", restart_backoff_seconds=0, health_check_seconds=3600,
                               poison_page_deaths=poison_deaths)
     engine = SupervisedEngine(lambda: CrashingEngine(world), settings)
-    await engine.start()
-    try:
-        results = await read_all(engine, 4)
-    finally:
-        await engine.aclose()
+    results = await read_all(engine, 4)
     assert [isinstance(result, PageResult) for result in results] == [True, False, True, True]
     # poison_deaths crashes in company, then one alone: the page fails at the crash after that.
     assert world.starts == 1 + poison_deaths + 1

@@ -165,15 +165,7 @@ class VllmEngine:
         (minutes: weights, compile, CUDA graphs) side by side: two replicas start in the time of one.
         """
         async with self.spawn_gate:
-            os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-            if _has_cuda_devices():
-                os.environ.update(spec.env)
-                # engine.gpus are the indices nvidia-smi and NVML show (PCI order), not CUDA's own order.
-                os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-                os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
-            else:
-                for key, value in CPU_ENV.items():
-                    os.environ.setdefault(key, value)
+            set_spawn_environment(spec)
             before = set(_spawned_children())
             task = asyncio.create_task(asyncio.to_thread(self._create, spec), name=f"load-{spec.name}")
             deadline = time.monotonic() + SPAWN_WAIT_SECONDS
@@ -401,6 +393,19 @@ def _has_cuda_devices() -> bool:
     from chandrad.engine import cuda_gpu_visible
 
     return cuda_gpu_visible()
+
+
+def set_spawn_environment(spec: EngineSpec) -> None:
+    """What the EngineCore child of ``spec`` inherits when it is spawned: its GPUs and allocator."""
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    if _has_cuda_devices():
+        os.environ.update(spec.env)
+        # engine.gpus are the indices nvidia-smi and NVML show (PCI order), not CUDA's own order.
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
+    else:
+        for key, value in CPU_ENV.items():
+            os.environ.setdefault(key, value)
 
 
 def _spawned_children() -> list[int]:
