@@ -409,16 +409,22 @@ def set_spawn_environment(spec: EngineSpec) -> None:
 
 
 def _spawned_children() -> list[int]:
-    """Child processes of this one that multiprocessing spawned or vLLM named (EngineCore)."""
+    """Direct children of this process that multiprocessing spawned or vLLM named (EngineCore).
+
+    Direct only: an engine already loading may spawn processes of its own (workers, compilers),
+    which must not be taken for the next engine's EngineCore.
+    """
     return [
-        pid for pid in descendant_pids(os.getpid())
+        pid for pid in descendant_pids(os.getpid(), depth=1)
         if any(mark in process_cmdline(pid) for mark in ("spawn_main", "VLLM", "EngineCore"))
     ]
 
 
-def descendant_pids(pid: int) -> list[int]:
-    """All descendants of ``pid`` (from /proc; no psutil needed)."""
-    found = []
+def descendant_pids(pid: int, depth: int | None = None) -> list[int]:
+    """Descendants of ``pid`` (all, or ``depth`` generations), from /proc; no psutil needed."""
+    found: list[int] = []
+    if depth is not None and depth < 1:
+        return found
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -428,7 +434,7 @@ def descendant_pids(pid: int) -> list[int]:
             with open(f"/proc/{pid}/task/{task}/children") as handle:
                 for child in handle.read().split():
                     found.append(int(child))
-                    found.extend(descendant_pids(int(child)))
+                    found.extend(descendant_pids(int(child), None if depth is None else depth - 1))
         except OSError:
             continue
     return found
