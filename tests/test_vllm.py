@@ -43,6 +43,15 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen35_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Chandra 2's architecture family: a Qwen3.5 hybrid (gated delta-net + full attention layers)."""
+    target = tmp_path_factory.mktemp("tiny-qwen3_5")
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), str(target),
+                    "--arch", "tiny-qwen3_5"], check=True, capture_output=True)
+    return target
+
+
 def engine_settings(model: Path, **overrides: object) -> EngineSettings:
     values: dict[str, object] = dict(
         kind="vllm", model=str(model), max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=4096,
@@ -149,6 +158,18 @@ def test_daemon_on_vllm_publishes_with_token_counts_and_batches_across_documents
     order = [e["doc"] for e in pages]
     interleaved = any(len(set(order[i:i + 4])) > 1 for i in range(len(order) - 3))
     assert interleaved, f"pages of different documents alternate at the engine: {order}"
+    assert daemon.stop() == 0
+
+
+def test_the_chandra_2_architecture_reads_pages_through_the_daemon(daemon_factory, tiny_qwen35_model):
+    daemon = daemon_factory(engine_config=engine_toml(tiny_qwen35_model)).start()
+    drop(corpus_file("cardinal.pdf"), daemon.inbox)
+    wait_for(lambda: daemon.settled_all(1), 240, "a document on the Qwen3.5 engine")
+    assert daemon.states() == {"cardinal.pdf": "published"}
+    document = json.loads((daemon.outbox / "cardinal" / "cardinal.json").read_text())
+    assert document["model"] == str(tiny_qwen35_model) and document["num_pages"] == 4
+    for page in document["pages"]:
+        assert page["prompt_tokens"] > 0 and 0 < page["output_tokens"] <= 48 and page["engine"] == "vllm"
     assert daemon.stop() == 0
 
 
