@@ -201,6 +201,9 @@ class PrepareSettings(_Strict):
     # Images whose header claims more pixels than this are refused before decoding (pixel bombs).
     max_image_pixels: int = Field(default=400_000_000, ge=1_000_000)
     subprocess_timeout_seconds: float = Field(default=300.0, gt=0)
+    # Address space each gs/pdftoppm/pdfinfo run may use (MiB; 0 = no limit): a hostile PDF fails
+    # with a reason instead of waking the kernel's OOM killer on a GPU server.
+    tool_memory_mb: int = Field(default=4096, ge=0)
     workers: int = Field(default=2, ge=1)
 
 

@@ -21,6 +21,7 @@ import io
 import math
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -140,13 +141,20 @@ def kill_tools(procs: set[subprocess.Popen[bytes]]) -> int:
     return len(found)
 
 
+# What Ghostscript, poppler, glibc and the loader print when an allocation is refused.
+_OUT_OF_MEMORY = (b"Out of memory", b"VMerror", b"Cannot allocate memory", b"bad_alloc",
+                  b"failed to map segment", b"memory exhausted")
+
+
 def run_tool(
-    args: list[str], timeout: float, stage: str, *, binary: bool = False
+    args: list[str], timeout: float, stage: str, *, binary: bool = False, memory_mb: int = 0
 ) -> subprocess.CompletedProcess[Any]:
     """Run an external program; a timeout or a missing program is transient, its exit code is the caller's.
 
     The program gets its own process group, and a timeout kills the whole group: a wrapper
     script's children (or a tool's helpers) must not outlive it holding our pipes open.
+    ``memory_mb`` caps its address space (RLIMIT_AS): a hostile PDF makes Ghostscript fail with
+    a reason instead of pushing the machine into the OOM killer; running out of it is permanent.
     """
     try:
         proc = subprocess.Popen(
@@ -156,6 +164,12 @@ def run_tool(
         raise TransientError(
             f"{args[0]} is not installed; install it (chandrad check lists what is missing)", stage=stage
         ) from None
+    if memory_mb:
+        # Set from outside right after the start (no preexec_fn: unsafe in a threaded daemon).
+        try:
+            resource.prlimit(proc.pid, resource.RLIMIT_AS, (memory_mb * 2**20, memory_mb * 2**20))
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
     registry = running_tools.get()
     if registry is not None:
         registry.add(proc)
@@ -170,6 +184,12 @@ def run_tool(
     finally:
         if registry is not None:
             registry.discard(proc)
+    if memory_mb and any(marker in err for marker in _OUT_OF_MEMORY):
+        raise PermanentError(
+            f"{Path(args[0]).name} ran out of the memory it may use (prepare.tool_memory_mb = {memory_mb}); "
+            f"raise prepare.tool_memory_mb if the machine has room, then drop the file again",
+            stage=stage,
+        )
     if binary:
         return subprocess.CompletedProcess(args, proc.returncode, out, err.decode("utf-8", "replace"))
     return subprocess.CompletedProcess(
@@ -222,7 +242,8 @@ def pdf_info(pdf: Path, settings: PrepareSettings, password: str | None = None) 
     args = ["pdfinfo"]
     if password:
         args += ["-upw", password]
-    head = run_tool([*args, str(pdf)], settings.subprocess_timeout_seconds, "inspect")
+    head = run_tool([*args, str(pdf)], settings.subprocess_timeout_seconds, "inspect",
+                    memory_mb=settings.tool_memory_mb)
     if killed := killed_from_outside("pdfinfo", head.returncode, "inspect"):
         raise killed
     if head.returncode != 0:
@@ -247,7 +268,8 @@ def pdf_info(pdf: Path, settings: PrepareSettings, password: str | None = None) 
         raise PermanentError(
             f"the PDF declares {pages} pages, more than max_pages = {settings.max_pages}; split it", stage="inspect"
         )
-    sized = run_tool([*args, "-f", "1", "-l", str(pages), str(pdf)], settings.subprocess_timeout_seconds, "inspect")
+    sized = run_tool([*args, "-f", "1", "-l", str(pages), str(pdf)], settings.subprocess_timeout_seconds, "inspect",
+                    memory_mb=settings.tool_memory_mb)
     if killed := killed_from_outside("pdfinfo", sized.returncode, "inspect"):
         raise killed
     sizes = {int(n): (float(w), float(h)) for n, w, h in _PAGE_SIZE.findall(sized.stdout)}
@@ -292,8 +314,9 @@ def normalise_pdf(
     if password:
         args.append(f"-sPDFPassword={password}")
     try:
-        result = run_tool([*args, str(source)], settings.subprocess_timeout_seconds, "normalise")
-    except TransientError:
+        result = run_tool([*args, str(source)], settings.subprocess_timeout_seconds, "normalise",
+                          memory_mb=settings.tool_memory_mb)
+    except (TransientError, PermanentError):
         target.unlink(missing_ok=True)
         raise
     if killed := killed_from_outside("gs", result.returncode, "normalise"):
@@ -338,7 +361,8 @@ def render_pdf_page(
     if password:
         args += ["-upw", password]
     try:
-        result = run_tool([*args, str(pdf)], settings.subprocess_timeout_seconds, "render", binary=True)
+        result = run_tool([*args, str(pdf)], settings.subprocess_timeout_seconds, "render", binary=True,
+                          memory_mb=settings.tool_memory_mb)
     except TransientError as error:
         if "took longer" not in error.reason:
             raise

@@ -152,6 +152,14 @@ def test_a_corrupt_image_is_a_permanent_error(tmp_path):
         prepare_document(broken, tmp_path / "w", "lossless", SETTINGS).render(1, SETTINGS)
 
 
+def test_a_tool_over_its_memory_limit_fails_the_document_with_a_reason(tmp_path):
+    # 24 MiB of address space: not even Ghostscript's or poppler's libraries fit.
+    starved = PrepareSettings(tool_memory_mb=24)
+    with pytest.raises(PermanentError, match=r"ran out of the memory it may use \(prepare.tool_memory_mb = 24\)"):
+        doc = prepare_document(corpus_file("cardinal.pdf"), tmp_path, "lossless", starved)
+        doc.render(1, starved)
+
+
 def test_a_hung_renderer_is_a_transient_timeout(tmp_path):
     impatient = PrepareSettings(subprocess_timeout_seconds=0.05)
     doc = prepare_document(corpus_file("hugemono.pdf"), tmp_path, "lossless", PrepareSettings())
