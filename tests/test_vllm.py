@@ -35,21 +35,23 @@ SMALL_PAGE, BIG_PAGE = (224, 224), (1024, 1024)
 TIGHT_MAX_MODEL_LEN = 1800
 
 
+def make_tiny_model(tmp_path_factory: pytest.TempPathFactory, arch: str) -> Path:
+    target = tmp_path_factory.mktemp(arch)
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), str(target), "--arch", arch],
+                   check=True, capture_output=True)
+    return target
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = tmp_path_factory.mktemp("tiny-qwen3vl")
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), str(target),
-                    "--arch", "tiny-qwen3vl"], check=True, capture_output=True)
-    return target
+    """Chandra 1's architecture family: Qwen3-VL."""
+    return make_tiny_model(tmp_path_factory, "tiny-qwen3vl")
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen35_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Chandra 2's architecture family: a Qwen3.5 hybrid (gated delta-net + full attention layers)."""
-    target = tmp_path_factory.mktemp("tiny-qwen3_5")
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), str(target),
-                    "--arch", "tiny-qwen3_5"], check=True, capture_output=True)
-    return target
+    return make_tiny_model(tmp_path_factory, "tiny-qwen3_5")
 
 
 def engine_settings(model: Path, **overrides: object) -> EngineSettings:
