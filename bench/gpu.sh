@@ -9,6 +9,11 @@
 #   bench/gpu.sh bench NAME [opts]    one bench/overhead.py run (bare engine, then the daemon, or both
 #                                     at once on two GPUs with --concurrent) on the stand-in with
 #                                     load_format=dummy; $OUT/NAME.json, NAME.log, NAME-daemon.log
+#   bench/gpu.sh layouts NAME SECONDS "L1 L2 .." [opts]
+#                                     the daemon on every GPU once per layout (e.g. "data-parallel
+#                                     tensor-parallel encoder-split"), each under its own time limit so
+#                                     one that hangs or fails (the error is kept in its JSON) cannot eat
+#                                     the call; $OUT/NAME-LAYOUT.json
 #   bench/gpu.sh soak NAME [opts]     bench/soak_gpu.py: mixed paper sizes, recycle, kill -9, GPU memory
 #                                     curve; $OUT/NAME.json, NAME.csv, NAME.log
 # The chandrad measured is the working tree that travelled with the call (SRC, committed first).
@@ -76,6 +81,19 @@ bench() {
   return $rc
 }
 
+layouts() {
+  local name=$1 limit=$2 list=$3; shift 3
+  local gpus
+  gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
+  for layout in $list; do
+    echo "== $layout on GPUs $gpus (limit $limit s)"
+    timeout -k 20 "$limit" bash "$0" bench "$name-$layout" --phases daemon --daemon-gpus "$gpus" --layout "$layout" \
+      --label "layout comparison: $layout" "$@" || echo "== $layout: exit $? (see $name-$layout.json / .log)"
+    pkill -9 -f bench/overhead.py 2>/dev/null; pkill -9 -f "chandrad run" 2>/dev/null; pkill -9 -f EngineCore 2>/dev/null
+    sleep 5  # the GPUs free their memory
+  done
+}
+
 soak() {
   local name=$1; shift
   setup_poppler
@@ -92,5 +110,6 @@ case "$cmd" in
   install) install ;;
   bench) bench "$@" ;;
   soak) soak "$@" ;;
-  *) echo "usage: bench/gpu.sh install | bench NAME [overhead.py options] | soak NAME [soak_gpu.py options]"; exit 2 ;;
+  layouts) layouts "$@" ;;
+  *) echo "usage: bench/gpu.sh install | bench NAME [overhead.py options] | layouts NAME SECONDS \"LAYOUTS\" [options] | soak NAME [soak_gpu.py options]"; exit 2 ;;
 esac
