@@ -164,7 +164,7 @@ class EngineSettings(_Strict):
     @classmethod
     def _resolve_layout(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("layout", "auto") == "auto":
-            gpus = data.get("gpus", (0,))
+            gpus = data.get("gpus", cls.model_fields["gpus"].default)
             data = {**data, "layout": "replicas" if isinstance(gpus, (list, tuple)) and len(gpus) > 1 else "single"}
         return data
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import shutil
 from pathlib import Path
@@ -51,8 +52,6 @@ def create_engine(settings: EngineSettings, state_dir: Path) -> Engine:
             f"engine.kind = \"vllm\" needs vLLM in chandrad's environment: pip install 'chandrad[vllm]' "
             f"(or set engine.url to a vLLM server, or kind = \"tesseract\") — {error}"
         ) from None
-    import asyncio
-
     from chandrad.engine.layout import plan_engines
     from chandrad.engine.replicas import ReplicaSet
     from chandrad.engine.supervisor import SupervisedEngine

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
@@ -23,13 +22,9 @@ log = structlog.get_logger("chandrad.engine.replicas")
 
 @dataclass
 class CombinedStats:
-    """The replicas' scheduler figures added up (what the pipeline logs per page)."""
+    """The replicas' scheduler figure the pipeline logs with each page, added up."""
 
-    running: int
-    waiting: int
     peak_running: int
-    pages: int
-    output_tokens: int
 
 
 class ReplicaSet:
@@ -62,13 +57,7 @@ class ReplicaSet:
     @property
     def stats(self) -> CombinedStats:
         parts = [replica.stats for replica in self.replicas if replica.stats is not None]
-        return CombinedStats(
-            running=sum(part.running for part in parts),
-            waiting=sum(part.waiting for part in parts),
-            peak_running=sum(part.peak_running for part in parts),
-            pages=sum(part.pages for part in parts),
-            output_tokens=sum(part.output_tokens for part in parts),
-        )
+        return CombinedStats(peak_running=sum(part.peak_running for part in parts))
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -101,12 +90,3 @@ class ReplicaSet:
             return await self.replicas[index].ocr(request)
         finally:
             self._pages_at[index] -= 1
-
-    # For tests and the metrics loop: every replica's engine processes.
-    def engine_pids(self) -> list[int]:
-        pids: list[int] = []
-        for replica in self.replicas:
-            engine: Any = replica.engine
-            if engine is not None:
-                pids.extend(engine.engine_pids())
-        return pids

@@ -105,7 +105,6 @@ class _Instance:
         self.tokenizer = tokenizer
         self.prompt_by_type = prompt_by_type
         self.stop_ids = stop_ids
-        self.in_flight = 0
 
 
 class VllmEngine:
@@ -242,53 +241,50 @@ class VllmEngine:
     async def ocr(self, request: PageRequest, max_tokens: int | None = None, retries: int | None = None) -> PageResult:
         if not self._instances:
             raise EngineDied("the vLLM engine is not running", stage="engine")
-        instance = min(self._instances, key=lambda i: i.in_flight)  # replicas: least busy first
+        # One language-model engine per VllmEngine (replicas are ReplicaSet's, one VllmEngine each).
+        instance = self._instances[0]
         # Resizing costs ~130 ms a page: on the event loop it capped the daemon at 82% of a bare
         # engine on an H200 (bench/NOTES-overhead.md). A worker thread does it instead.
         image = await asyncio.to_thread(_scaled_rgb, request.image)
         max_tokens = max_tokens or self.settings.max_tokens
         max_retries = self.settings.max_retries if retries is None else retries
         started = time.monotonic()
-        instance.in_flight += 1
-        try:
-            if self._encoders:
-                await self._generate(self._encoders[0], request, image, 1, 0.0, 1.0, attempt=-1)
-            attempt = 0
-            temperature, top_p = 0.0, 0.1
-            while True:
-                try:
-                    output = await self._generate(instance, request, image, max_tokens, temperature, top_p, attempt)
-                    error = None
-                except TransientError as recoverable:
-                    if isinstance(recoverable, EngineDied):
-                        raise
-                    output, error = None, recoverable
-                text = output.outputs[0].text if output is not None else ""
-                repeating = output is not None and (
-                    output.outputs[0].finish_reason == "repetition" or self.repeat_detector(text)
-                )
-                if (repeating or error is not None) and attempt < max_retries:
-                    attempt += 1
-                    temperature, top_p = min(0.2 * attempt, 0.8), 0.95
-                    log.info("retrying page", page=request.page_no, attempt=attempt,
-                             why="repetition" if repeating else error.reason)  # type: ignore[union-attr]
-                    continue
-                if output is None:
-                    assert error is not None
-                    raise error
-                completion = output.outputs[0]
-                self.stats.pages += 1
-                self.stats.output_tokens += len(completion.token_ids)
-                return PageResult(
-                    html=text,
-                    prompt_tokens=len(output.prompt_token_ids or []),
-                    output_tokens=len(completion.token_ids),
-                    finish_reason="repetition" if repeating else str(completion.finish_reason),
-                    retries=attempt,
-                    latency_s=time.monotonic() - started,
-                )
-        finally:
-            instance.in_flight -= 1
+        if self._encoders:
+            await self._generate(self._encoders[0], request, image, 1, 0.0, 1.0, attempt=-1)
+        attempt = 0
+        temperature, top_p = 0.0, 0.1
+        while True:
+            try:
+                output = await self._generate(instance, request, image, max_tokens, temperature, top_p, attempt)
+                error = None
+            except TransientError as recoverable:
+                if isinstance(recoverable, EngineDied):
+                    raise
+                output, error = None, recoverable
+            text = output.outputs[0].text if output is not None else ""
+            repeating = output is not None and (
+                output.outputs[0].finish_reason == "repetition" or self.repeat_detector(text)
+            )
+            if (repeating or error is not None) and attempt < max_retries:
+                attempt += 1
+                temperature, top_p = min(0.2 * attempt, 0.8), 0.95
+                log.info("retrying page", page=request.page_no, attempt=attempt,
+                         why="repetition" if repeating else error.reason)  # type: ignore[union-attr]
+                continue
+            if output is None:
+                assert error is not None
+                raise error
+            completion = output.outputs[0]
+            self.stats.pages += 1
+            self.stats.output_tokens += len(completion.token_ids)
+            return PageResult(
+                html=text,
+                prompt_tokens=len(output.prompt_token_ids or []),
+                output_tokens=len(completion.token_ids),
+                finish_reason="repetition" if repeating else str(completion.finish_reason),
+                retries=attempt,
+                latency_s=time.monotonic() - started,
+            )
 
     async def _generate(
         self, instance: _Instance, request: PageRequest, image: Image.Image, max_tokens: int,
