@@ -57,6 +57,19 @@ def fill(folder: Path) -> Path:
     return filler
 
 
+
+def publish_once_space_returns(daemon: ChaosDaemon, filler: Path, inputs: dict[str, Expect], scenario: str,
+                               waited_full_s: int) -> None:
+    """Free the space, then every document is published exactly once; record how long it took."""
+    filler.unlink()
+    freed_at = time.monotonic()
+    wait_for(lambda: daemon.final_count() == len(inputs), 90, "every document to publish once space is back")
+    resumed_after = time.monotonic() - freed_at
+    assert daemon.stop() == 0
+    figures = check_accounted(daemon, inputs)
+    record_figures(scenario, inputs=len(inputs), **figures,
+                   waited_full_s=waited_full_s, published_s_after_space_returned=round(resumed_after, 1))
+
 def test_a_full_outbox_makes_documents_wait_and_they_publish_when_space_returns(chaos_factory, small_outbox):
     daemon: ChaosDaemon = chaos_factory(small_outbox.parent, extra_config="max_attempts = 3")
     daemon.start()
@@ -75,14 +88,7 @@ def test_a_full_outbox_makes_documents_wait_and_they_publish_when_space_returns(
     waiting = daemon.journal_rows("SELECT error FROM documents WHERE error IS NOT NULL")
     assert waiting and all("disk" in row["error"] for row in waiting)
 
-    filler.unlink()
-    freed_at = time.monotonic()
-    wait_for(lambda: daemon.final_count() == len(inputs), 90, "every document to publish once space is back")
-    resumed_after = time.monotonic() - freed_at
-    assert daemon.stop() == 0
-    figures = check_accounted(daemon, inputs)
-    record_figures("outbox filesystem full (tmpfs 1 MiB)", inputs=len(inputs), **figures,
-                   waited_full_s=10, published_s_after_space_returned=round(resumed_after, 1))
+    publish_once_space_returns(daemon, filler, inputs, "outbox filesystem full (tmpfs 1 MiB)", waited_full_s=10)
 
 
 def test_a_full_state_disk_stalls_the_journal_until_space_returns_and_nothing_is_lost(chaos_factory, small_state):
@@ -101,11 +107,5 @@ def test_a_full_state_disk_stalls_the_journal_until_space_returns_and_nothing_is
     assert daemon.alive, "a full state disk must not crash the daemon"
     assert list(daemon.failed.iterdir()) == []
     assert published_dirs(daemon.outbox) == []
-    filler.unlink()
-    freed_at = time.monotonic()
-    wait_for(lambda: daemon.final_count() == len(inputs), 90, "every document to publish once space is back")
-    resumed_after = time.monotonic() - freed_at
-    assert daemon.stop() == 0
-    figures = check_accounted(daemon, inputs)
-    record_figures("state (journal) filesystem full (tmpfs 2 MiB)", inputs=len(inputs), **figures,
-                   waited_full_s=8, published_s_after_space_returned=round(resumed_after, 1))
+    publish_once_space_returns(daemon, filler, inputs, "state (journal) filesystem full (tmpfs 2 MiB)",
+                               waited_full_s=8)

@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -83,6 +84,18 @@ def _hung_children() -> list[psutil.Process]:
     return found
 
 
+
+def hold_journal_lock(db: Path, seconds: int) -> subprocess.Popen[str]:
+    """Another process holding an exclusive write lock on the journal; prints "locked" once it has it."""
+    return subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, time\n"
+        f"db = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+        "db.execute('BEGIN EXCLUSIVE')\n"
+        "db.execute(\"UPDATE documents SET updated_at = updated_at\")\n"
+        "print('locked', flush=True)\n"
+        f"time.sleep({seconds})\n"
+    )], stdout=subprocess.PIPE, text=True)
+
 def test_a_journal_locked_by_another_process_stops_startup_with_a_clear_error_and_no_damage(chaos_factory, tmp_path):
     daemon: ChaosDaemon = chaos_factory(tmp_path / "tree")
     daemon.start()
@@ -90,14 +103,7 @@ def test_a_journal_locked_by_another_process_stops_startup_with_a_clear_error_an
     wait_for(lambda: daemon.final_count() == 1, 60, "a first document")
     assert daemon.stop() == 0
     db = daemon.state / "journal.sqlite3"
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sqlite3, sys, time\n"
-        f"db = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
-        "db.execute('BEGIN EXCLUSIVE')\n"
-        "db.execute(\"UPDATE documents SET updated_at = updated_at\")\n"
-        "print('locked', flush=True)\n"
-        "time.sleep(60)\n"
-    )], stdout=subprocess.PIPE, text=True)
+    holder = hold_journal_lock(db, seconds=60)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         started = time.monotonic()
@@ -153,14 +159,7 @@ def test_a_journal_locked_for_longer_than_the_busy_timeout_while_running_loses_n
     wait_for(lambda: daemon.count_rows("state = 'inferring'"), 60, "the first document to be inferred",
              interval=0.05)
     db = daemon.state / "journal.sqlite3"
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sqlite3, sys, time\n"
-        f"db = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
-        "db.execute('BEGIN EXCLUSIVE')\n"
-        "db.execute(\"UPDATE documents SET updated_at = updated_at\")\n"
-        "print('locked', flush=True)\n"
-        "time.sleep(14)\n"
-    )], stdout=subprocess.PIPE, text=True)
+    holder = hold_journal_lock(db, seconds=14)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
     drop_bytes(daemon.inbox, "second.pdf", inputs["second.pdf"].data)
     drop_bytes(daemon.inbox, "third.png", inputs["third.png"].data)
