@@ -88,7 +88,7 @@ layouts() {
   for layout in $list; do
     echo "== $layout on GPUs $gpus (limit $limit s)"
     timeout -k 20 "$limit" bash "$0" bench "$name-$layout" --phases daemon --daemon-gpus "$gpus" --layout "$layout" \
-      --label "layout comparison: $layout" "$@" || echo "== $layout: exit $? (see $name-$layout.json / .log)"
+      --deadline $((limit - 30)) --label "layout comparison: $layout" "$@" || echo "== $layout: exit $? (see $name-$layout.json / .log)"
     pkill -9 -f bench/overhead.py 2>/dev/null; pkill -9 -f "chandrad run" 2>/dev/null; pkill -9 -f EngineCore 2>/dev/null
     sleep 5  # the GPUs free their memory
   done
