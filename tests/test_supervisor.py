@@ -130,24 +130,57 @@ async def test_the_number_of_crashes_before_a_page_is_read_alone_is_configurable
     assert world.starts == 1 + poison_deaths + 1
 
 
+def replica_set(*worlds: World, poison_page_deaths: int = 2) -> ReplicaSet:
+    settings = EngineSettings(kind="vllm", gpus=tuple(range(len(worlds))), restart_backoff_seconds=0,
+                              health_check_seconds=3600, poison_page_deaths=poison_page_deaths)
+    return ReplicaSet([SupervisedEngine(lambda world=world: CrashingEngine(world), settings) for world in worlds])
+
+
 async def test_while_one_replica_restarts_the_others_read_the_pages():
     first, second = World(crash_once=True, restart_seconds=0.5), World()
-    settings = EngineSettings(kind="vllm", gpus=(0, 1), restart_backoff_seconds=0, health_check_seconds=3600)
-    replicas = ReplicaSet([SupervisedEngine(lambda world=world: CrashingEngine(world), settings)
-                           for world in (first, second)])
+    replicas = replica_set(first, second)
     await replicas.start()
     try:
-        crashed = await replicas.ocr(PageRequest("doc", 1, PAGE))  # the first replica dies under it
-        assert isinstance(crashed, PageResult) and replicas.restarts == 1
-        assert replicas.state == "up"
         first.crash_once = True
-        pending = asyncio.ensure_future(replicas.ocr(PageRequest("doc", 2, PAGE)))
+        pending = asyncio.ensure_future(replicas.ocr(PageRequest("doc", 1, PAGE)))  # the first replica dies under it
         await asyncio.sleep(0.1)  # the first replica is now restarting (0.5 s)
         assert replicas.state.startswith("up (1 of 2 replicas")
         before = second.pages_read
-        results = await asyncio.gather(*(replicas.ocr(PageRequest("doc", n, PAGE)) for n in range(3, 13)))
+        results = await asyncio.gather(*(replicas.ocr(PageRequest("doc", n, PAGE)) for n in range(2, 12)))
         assert all(isinstance(result, PageResult) for result in results)
         assert second.pages_read - before == 10, "every new page went to the replica that was up"
         assert isinstance(await pending, PageResult)
     finally:
         await replicas.aclose()
+
+
+async def test_pages_in_flight_on_a_replica_that_dies_are_read_by_another_without_waiting_for_its_restart():
+    # The dead replica takes a minute to come back (a real engine start); its pages must not wait for it.
+    first, second = World(restart_seconds=60), World()
+    replicas = replica_set(first, second)
+    await replicas.start()
+    try:
+        first.crash_once = True
+        results = await asyncio.gather(*(replicas.ocr(PageRequest("doc", n, PAGE)) for n in range(1, 21)))
+        assert all(isinstance(result, PageResult) for result in results)
+        assert replicas.replicas[0].state == "restarting", "the pages were read while the dead replica restarted"
+        assert first.pages_read == 0 and second.pages_read == 20
+    finally:
+        await replicas.aclose()
+
+
+async def test_a_page_that_crashes_every_replica_it_visits_fails_alone_and_only_it():
+    poison = {("doc", 3)}
+    first, second = World(poison=poison), World(poison=poison)
+    replicas = replica_set(first, second)
+    await replicas.start()
+    try:
+        results = await asyncio.gather(*(replicas.ocr(PageRequest("doc", n, PAGE)) for n in range(1, 9)),
+                                       return_exceptions=True)
+    finally:
+        await replicas.aclose()
+    failed = {page_no for page_no, result in enumerate(results, start=1) if not isinstance(result, PageResult)}
+    assert failed == {3}
+    assert isinstance(results[2], PermanentError) and "only page being read" in str(results[2])
+    # The crash count follows the page between replicas: two crashes in company, then one alone.
+    assert first.starts + second.starts == 2 + 3

@@ -212,8 +212,12 @@ def test_replicas_start_side_by_side_and_one_killed_replica_restarts_alone(daemo
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: daemon.settled_all(2), 240, "both documents after one replica was killed")
     assert daemon.states() == {"multipage.pdf": "published", "cardinal.pdf": "published"}
+    wait_for(lambda: any(e.get("event") == "engine restarted" for e in daemon.events()), 240, "the restart")
     events = [e.get("event") for e in daemon.events()]
     assert events.count("engine restarted") == 1, "only the killed replica restarted"
+    # Its pages in flight were read by the survivor, not held back for the restart.
+    moved = events.index("page moved to another replica")
+    assert moved < events.index("engine restarted")
     assert survivor in engine_core_pids(daemon.proc.pid), "the other replica ran on untouched"
     assert len(engine_core_pids(daemon.proc.pid)) == 2
     assert json.loads((daemon.outbox / "multipage" / "multipage.json").read_text())["num_pages"] == 6

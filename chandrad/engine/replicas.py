@@ -4,7 +4,8 @@ A replica is a whole engine: its own vLLM front end (tokenising, image processin
 handling) and its own EngineCore on one GPU. Two replicas scale with the GPUs because nothing is
 shared above them but the daemon's event loop; vLLM's data-parallel mode instead feeds every GPU
 from one front end (bench/results, issue 7). Each replica restarts and recycles alone: while one
-reloads, the others keep reading pages, and their planned recycles are staggered.
+reloads, the others keep reading pages — including those that were in flight on it when it died —
+and their planned recycles are staggered.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import structlog
 
 from chandrad.engine.base import PageRequest, PageResult
-from chandrad.engine.supervisor import SupervisedEngine
+from chandrad.engine.supervisor import ReplicaDown, SupervisedEngine
 
 log = structlog.get_logger("chandrad.engine.replicas")
 
@@ -33,6 +34,9 @@ class ReplicaSet:
         self.name = "vllm"
         self.model = replicas[0].model
         self._pages_at: list[int] = [0] * len(replicas)
+        deaths: dict[tuple[str, int], int] = {}
+        for index, replica in enumerate(replicas):
+            replica.join_replicas(lambda index=index: self.others_up(index), deaths)
 
     # -- what the daemon reads ----------------------------------------------------------------
 
@@ -83,10 +87,18 @@ class ReplicaSet:
             candidates = list(range(len(self.replicas)))
         return min(candidates, key=lambda i: self._pages_at[i])
 
+    def others_up(self, index: int) -> bool:
+        """Whether a replica other than ``index`` can take pages now (its supervisor asks)."""
+        return any(replica.state == "up" for i, replica in enumerate(self.replicas) if i != index)
+
     async def ocr(self, request: PageRequest) -> PageResult:
-        index = self._choose()
-        self._pages_at[index] += 1
-        try:
-            return await self.replicas[index].ocr(request)
-        finally:
-            self._pages_at[index] -= 1
+        while True:
+            index = self._choose()
+            self._pages_at[index] += 1
+            try:
+                return await self.replicas[index].ocr(request)
+            except ReplicaDown:
+                log.info("page moved to another replica", doc=request.doc_id, page=request.page_no,
+                         replica_down=index)
+            finally:
+                self._pages_at[index] -= 1

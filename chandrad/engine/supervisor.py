@@ -11,6 +11,11 @@ Poison pages: a page in flight when the engine died is sent again with the other
 engine, and if the engine dies then too it fails (``PermanentError``) so it cannot crash the
 engine forever. Innocent pages are never failed for a crash they merely witnessed.
 
+Replicas (``ReplicaSet``): a replica whose engine is down hands its pages back (``ReplicaDown``)
+while another replica is up, so they are read there instead of waiting a whole engine start;
+the count of crashes a page witnessed is shared between replicas, so a poison page cannot
+crash them in turn forever.
+
 Planned recycle (after ``recycle_after_pages`` pages, or when memory passes
 ``memory_watermark_gb``): new pages wait, pages in flight finish, then the engine process is
 restarted. Nothing is dropped.
@@ -31,6 +36,10 @@ from chandrad.engine.vllm import EngineDied, rss_bytes
 from chandrad.errors import PermanentError
 
 log = structlog.get_logger("chandrad.engine.supervisor")
+
+
+class ReplicaDown(Exception):
+    """This replica's engine is down (restarting, recycling, or just died); another replica is up."""
 
 
 class RestartableEngine(Protocol):
@@ -76,6 +85,7 @@ class SupervisedEngine:
         self._ready = asyncio.Event()
         self._restart_lock = asyncio.Lock()
         self._suspect_lock = asyncio.Lock()
+        self._others_up: Callable[[], bool] = lambda: False  # see join_replicas
         self._deaths: dict[tuple[str, int], int] = {}
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -87,6 +97,12 @@ class SupervisedEngine:
         self._monitor: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
+
+    def join_replicas(self, others_up: Callable[[], bool], deaths: dict[tuple[str, int], int]) -> None:
+        """Called by a ReplicaSet: while ``others_up()``, pages this engine cannot read now are handed
+        back (``ReplicaDown``); crashes a page witnessed are counted in ``deaths``, shared by all."""
+        self._others_up = others_up
+        self._deaths = deaths
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -211,7 +227,13 @@ class SupervisedEngine:
                 # Both conditions at once: a restart may begin while waiting for the other one.
                 gate = self._idle if alone else self._solo
                 while not (self._ready.is_set() and gate.is_set()):
-                    await self._ready.wait()
+                    if not self._ready.is_set() and self._others_up():
+                        raise ReplicaDown()
+                    try:
+                        # Re-checked every second: another replica may come up meanwhile.
+                        await asyncio.wait_for(self._ready.wait(), 1.0)
+                    except TimeoutError:
+                        continue
                     await gate.wait()
                 engine, generation = self.engine, self._generation
                 assert engine is not None
@@ -244,6 +266,9 @@ class SupervisedEngine:
                         stage="engine",
                     )
                 # Pages still in flight on the dead engine fail too; one restart serves them all.
+                if self._others_up():
+                    self._spawn(self._restart(generation, died.reason))
+                    raise ReplicaDown()
                 await self._restart(generation, died.reason)
                 continue
             self._deaths.pop(key, None)
