@@ -14,6 +14,11 @@
 #                                     tensor-parallel encoder-split"), each under its own time limit so
 #                                     one that hangs or fails (the error is kept in its JSON) cannot eat
 #                                     the call; $OUT/NAME-LAYOUT.json
+#   bench/gpu.sh tune NAME SECONDS "COMMON OPTS" LABEL="OPTS" ...
+#                                     issue 6's tuning table: per setting, the bare engine (GPU 0) and
+#                                     the daemon (GPU 1) at once on the same pages, each setting under
+#                                     its own limit (--deadline inside it); $OUT/NAME-LABEL.json and
+#                                     one NAME-logs.tar.gz (the call returns at most 8 files)
 #   bench/gpu.sh soak NAME [opts]     bench/soak_gpu.py: mixed paper sizes, recycle, kill -9, GPU memory
 #                                     curve; $OUT/NAME.json, NAME.csv, NAME.log
 # The chandrad measured is the working tree that travelled with the call (SRC, committed first).
@@ -94,6 +99,21 @@ layouts() {
   done
 }
 
+tune() {
+  local name=$1 limit=$2 common=$3; shift 3
+  local setting label opts
+  for setting in "$@"; do
+    label=${setting%%=*}; opts=${setting#*=}
+    echo "== $label: $opts (limit $limit s)"
+    # shellcheck disable=SC2086  # the options are words on purpose
+    timeout -k 20 "$limit" bash "$0" bench "$name-$label" --concurrent --bare-gpu 0 --daemon-gpus 1 \
+      --deadline $((limit - 40)) --label "tuning: $label ($opts)" $common $opts || echo "== $label: exit $?"
+    pkill -9 -f bench/overhead.py 2>/dev/null; pkill -9 -f "chandrad run" 2>/dev/null; pkill -9 -f EngineCore 2>/dev/null
+    sleep 5
+  done
+  (cd "$OUT" && tar czf "$name-logs.tar.gz" "$name"-*.log && rm -f "$name"-*.log)
+}
+
 soak() {
   local name=$1; shift
   setup_poppler
@@ -111,5 +131,6 @@ case "$cmd" in
   bench) bench "$@" ;;
   soak) soak "$@" ;;
   layouts) layouts "$@" ;;
-  *) echo "usage: bench/gpu.sh install | bench NAME [overhead.py options] | layouts NAME SECONDS \"LAYOUTS\" [options] | soak NAME [soak_gpu.py options]"; exit 2 ;;
+  tune) tune "$@" ;;
+  *) echo "usage: bench/gpu.sh install | bench NAME [overhead.py options] | layouts NAME SECONDS \"LAYOUTS\" [options] | tune NAME SECONDS \"COMMON\" LABEL=\"OPTS\".. | soak NAME [soak_gpu.py options]"; exit 2 ;;
 esac

@@ -461,7 +461,18 @@ async def bare_phase(a: argparse.Namespace, settings: Any, images: list[Any], wa
         lag = LoopLag()
         lag_task = asyncio.create_task(lag.run())
         start = time.time()
-        await asyncio.gather(*[one(f"page-{i}", image, a.max_tokens) for i, image in enumerate(images)])
+        tasks = [asyncio.create_task(one(f"page-{i}", image, a.max_tokens)) for i, image in enumerate(images)]
+        left = a.deadline_at - time.monotonic() if a.deadline_at else None
+        _, pending = await asyncio.wait(tasks, timeout=max(left, 1.0) if left is not None else None)
+        if pending:  # --deadline: keep what finished, abort the rest
+            result["partial"] = True
+            print(f"[bare] --deadline reached: {len(done_at)} of {len(tasks)} pages finished", flush=True)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        for task in tasks:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
         end = time.time()
         result["window"] = [start, end]
         lag_task.cancel()
