@@ -121,6 +121,25 @@ def test_a_page_too_long_for_the_model_is_a_permanent_error_and_the_engine_keeps
     assert result.output_tokens > 0
 
 
+def test_each_page_is_rendered_by_vllms_renderer_threads_not_on_the_event_loop(tight_engine, engine_loop):
+    # Raw prompts make vLLM process every image on the daemon's event loop, one at a time: the
+    # bottleneck measured on the GPU (bench/NOTES-gpu.md §1). This vLLM must take the renderer path.
+    renderer = tight_engine._instances[0].llm.renderer
+    render, calls = renderer.render_cmpl_async, []
+
+    async def counting(prompts, *args, **kwargs):
+        calls.append(len(prompts))
+        return await render(prompts, *args, **kwargs)
+
+    renderer.render_cmpl_async = counting
+    try:
+        result = engine_loop.run_until_complete(tight_engine.ocr(PageRequest("doc", 4, Image.new("RGB", SMALL_PAGE))))
+    finally:
+        renderer.render_cmpl_async = render
+    assert result.prompt_tokens > 0
+    assert calls and all(count == 1 for count in calls), "every attempt's prompt went through the renderer"
+
+
 def test_concurrent_pages_are_batched_by_the_engine(tight_engine, engine_loop):
     async def many() -> list:
         return await asyncio.gather(

@@ -199,7 +199,12 @@ class VllmEngine:
         vocab = tokenizer.get_vocab()
         stop_ids = [vocab[token] for token in STOP_TOKENS if token in vocab]
         log.info("vllm engine started", engine=spec.name, gpus=spec.cuda_visible_devices,
-                 seconds=round(time.monotonic() - started, 1), vllm=self.vllm_version)
+                 seconds=round(time.monotonic() - started, 1), vllm=self.vllm_version,
+                 prompts_rendered_in=_rendering_place(llm))
+        if _rendering_place(llm) == "event loop":
+            log.warning("this vLLM has no async renderer: each page's image is processed on the daemon's "
+                        "event loop, one at a time (~0.2 s a page on a GPU host); install vLLM >= 0.26 for "
+                        "engine.renderer_workers to apply", vllm=self.vllm_version)
         return _Instance(spec, llm, tokenizer, prompts, stop_ids)
 
     async def _warm_up(self) -> None:
@@ -347,6 +352,11 @@ class VllmEngine:
         return {"repetition_detection": RepetitionDetectionParams(
             max_pattern_size=max_pattern, min_count=self.settings.repetition_min_count,
         )}
+
+
+def _rendering_place(llm: Any) -> str:
+    renderer = getattr(llm, "renderer", None)
+    return "renderer threads" if getattr(renderer, "render_cmpl_async", None) is not None else "event loop"
 
 
 async def _render_off_loop(llm: Any, prompt: dict[str, Any]) -> Any:
