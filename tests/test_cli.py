@@ -19,6 +19,7 @@ def test_once_publishes_and_exits_zero(tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "out" / "trivial" / "trivial.json").read_text())["num_pages"] == 1
     assert corpus_file("trivial.pdf").exists(), "once never moves the originals"
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["trivial"], "no working folders left"
 
 
 def test_once_reports_each_failed_document_in_one_line_without_a_traceback(tmp_path):
