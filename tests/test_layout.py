@@ -56,6 +56,10 @@ def test_encoder_split_is_an_ec_producer_feeding_an_ec_consumer():
     assert encoder.engine_args["mm_processor_kwargs"] == language.engine_args["mm_processor_kwargs"], (
         "both sides must hash images alike"
     )
+    # vLLM 0.26 keeps the image ids chandrad gives only where a cache is on: a small one on the
+    # encoder (one renderer thread, as vLLM's cache wants), prefix caching on the language model.
+    assert encoder.engine_args["mm_processor_cache_gb"] > 0 and encoder.engine_args["renderer_num_workers"] == 1
+    assert language.engine_args["enable_prefix_caching"] is True
 
 
 def test_engine_args_pass_through_and_win():
@@ -70,6 +74,7 @@ def test_engine_args_pass_through_and_win():
         ({"gpus": (0, 1), "layout": "single"}, 'layout = "single" uses one GPU'),
         ({"gpus": (0,), "layout": "data-parallel"}, "needs at least two GPUs"),
         ({"gpus": (0, 1, 2), "layout": "encoder-split"}, "exactly two GPUs"),
+        ({"gpus": (0, 1), "layout": "encoder-split", "enable_prefix_caching": False}, "enable_prefix_caching = true"),
         ({"gpus": (0, 1, 2), "layout": "tensor-parallel"}, "power-of-two"),
         ({"gpus": (1, 1), "layout": "replicas"}, "twice"),
         ({"gpus": ()}, "empty"),

@@ -244,6 +244,36 @@ def test_replicas_start_side_by_side_and_one_killed_replica_restarts_alone(daemo
     assert daemon.stop() == 0
 
 
+def test_encoder_split_hands_each_image_to_the_language_model_and_keeps_no_encoder_outputs(
+        daemon_factory, tiny_model, tmp_path):
+    # Two engines on the CPU build: the vision encoder (EC producer) and the language model (EC
+    # consumer), handing each page's image embedding over through files in state_dir/ec_cache.
+    # vLLM's example connector says at debug level when the language model loads one.
+    logging_config = tmp_path / "vllm-logging.json"
+    logging_config.write_text(json.dumps({
+        "version": 1, "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": "%(name)s %(message)s"}},
+        "handlers": {"out": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stdout"}},
+        "loggers": {"vllm": {"handlers": ["out"], "level": "INFO", "propagate": False},
+                    "vllm.distributed.ec_transfer.ec_connector.example_connector": {"level": "DEBUG"}},
+    }))
+    daemon = daemon_factory(engine_config=engine_toml(tiny_model, layout="encoder-split", gpus=[0, 1])).start(
+        env={"VLLM_LOGGING_CONFIG_PATH": str(logging_config)})
+    assert any(e.get("event") == "vllm engine started" and e.get("engine") == "encoder" for e in daemon.events())
+    drop(corpus_file("multipage.pdf"), daemon.inbox)
+    blank = tmp_path / "blank.tiff"  # two identical pages at once
+    Image.new("RGB", SMALL_PAGE, "white").save(blank, save_all=True, append_images=[Image.new("RGB", SMALL_PAGE, "white")])
+    drop(blank, daemon.inbox)
+    wait_for(lambda: daemon.settled_all(2), 240, "both documents through the encoder split")
+    assert daemon.states() == {"multipage.pdf": "published", "blank.tiff": "published"}
+    assert json.loads((daemon.outbox / "multipage" / "multipage.json").read_text())["num_pages"] == 6
+    assert json.loads((daemon.outbox / "blank" / "blank.json").read_text())["failed_pages"] == []
+    loaded = daemon.log_path.read_text().count("Success load encoder cache for hash")
+    assert loaded >= 8, f"the language model read the encoder's output for each of the 8 pages ({loaded} loads)"
+    wait_for(lambda: not any((daemon.state / "ec_cache").iterdir()), 10, "the encoder outputs to be deleted")
+    assert daemon.stop() == 0
+
+
 def test_planned_recycle_after_n_pages_loses_nothing(daemon_factory, tiny_model):
     # Two pages at a time, so that pages are waiting while the engine recycles and go to the new one.
     daemon = daemon_factory(engine_config=engine_toml(tiny_model, recycle_after_pages=3, max_pages_in_flight=2)).start()

@@ -111,6 +111,10 @@ def plan_engines(settings: EngineSettings, ec_storage: Path | None = None) -> li
     # encoder-split: vLLM's encoder disaggregation through the shared-storage EC connector.
     if ec_storage is None:
         raise ConfigError("encoder-split needs a directory for the encoder cache (state_dir/ec_cache)")
+    if not settings.enable_prefix_caching:
+        # The language engine must identify the image by the id chandrad gives it (the encoder's
+        # output file is named by it); vLLM 0.26 replaces given ids when both its caches are off.
+        raise ConfigError('engine.layout = "encoder-split" needs engine.enable_prefix_caching = true')
     storage = {"shared_storage_path": str(ec_storage)}
     producer = {
         **base,
@@ -118,6 +122,11 @@ def plan_engines(settings: EngineSettings, ec_storage: Path | None = None) -> li
         # KV cache, whole prompts in one step, no CUDA graphs for an encoder pass.
         "mm_encoder_only": True,
         "enable_prefix_caching": False,
+        # With no cache at all, vLLM 0.26 names each image by a per-request id instead of the one
+        # chandrad gives (multi_modal_uuids), and the language engine would never find the output.
+        # A small cache keeps the given id; vLLM's cache needs a single renderer thread.
+        "mm_processor_cache_gb": max(settings.mm_processor_cache_gb, 0.25),
+        "renderer_num_workers": 1,
         "enforce_eager": True,
         "max_num_batched_tokens": max(settings.max_model_len, 114688),
         "ec_transfer_config": {

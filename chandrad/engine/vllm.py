@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -125,7 +126,8 @@ class VllmEngine:
         self.model = settings.model
         self.repeat_detector = repeat_detector
         self.stats = EngineStats()
-        self.specs = plan_engines(settings, state_dir / "ec_cache")
+        self.ec_storage = state_dir / "ec_cache"
+        self.specs = plan_engines(settings, self.ec_storage)
         self._instances: list[_Instance] = []
         self._encoders: list[_Instance] = []
         self.vllm_version = ""
@@ -182,7 +184,10 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         if spec.role == "encoder":
-            (self.state_dir / "ec_cache").mkdir(parents=True, exist_ok=True)
+            # vLLM's example EC connector never deletes what it writes: a crash's leftovers go here,
+            # each page's own output after its page (ocr).
+            shutil.rmtree(self.ec_storage, ignore_errors=True)
+            self.ec_storage.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         args = AsyncEngineArgs(**spec.engine_args)
         llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.stats)])
@@ -254,13 +259,29 @@ class VllmEngine:
         max_tokens = max_tokens or self.settings.max_tokens
         max_retries = self.settings.max_retries if retries is None else retries
         started = time.monotonic()
-        if self._encoders:
-            await self._generate(self._encoders[0], request, image, 1, 0.0, 1.0, attempt=-1)
+        if not self._encoders:
+            return await self._read(instance, request, image, max_tokens, max_retries, started)
+        # encoder-split: both engines must name the image alike, or the language model never finds
+        # the encoder's output and encodes the image again itself (vLLM names it by a per-request id
+        # when the encoder engine has no caches). The name is ours, so is the file: ~17 MB a page
+        # for Chandra 2, which vLLM's example connector never deletes.
+        ec_id = f"{request.doc_id}-p{request.page_no}-{uuid.uuid4().hex[:12]}"
+        try:
+            await self._generate(self._encoders[0], request, image, 1, 0.0, 1.0, attempt=-1, ec_id=ec_id)
+            return await self._read(instance, request, image, max_tokens, max_retries, started, ec_id)
+        finally:
+            # Not awaited: this also runs while the page is being cancelled.
+            asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, self.ec_storage / ec_id, True)
+
+    async def _read(self, instance: _Instance, request: PageRequest, image: Image.Image, max_tokens: int,
+                    max_retries: int, started: float, ec_id: str | None = None) -> PageResult:
+        """Greedy first; a repeating or failed answer is tried again warmer, up to max_retries."""
         attempt = 0
         temperature, top_p = 0.0, 0.1
         while True:
             try:
-                output = await self._generate(instance, request, image, max_tokens, temperature, top_p, attempt)
+                output = await self._generate(instance, request, image, max_tokens, temperature, top_p, attempt,
+                                              ec_id)
                 error = None
             except TransientError as recoverable:
                 if isinstance(recoverable, EngineDied):
@@ -293,7 +314,7 @@ class VllmEngine:
 
     async def _generate(
         self, instance: _Instance, request: PageRequest, image: Image.Image, max_tokens: int,
-        temperature: float, top_p: float, attempt: int,
+        temperature: float, top_p: float, attempt: int, ec_id: str | None = None,
     ) -> Any:
         from vllm import SamplingParams
         from vllm.exceptions import VLLMValidationError
@@ -311,7 +332,10 @@ class VllmEngine:
             output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False,
             **self._repetition_detection(),
         )
-        prompt = {"prompt": instance.prompt_by_type[request.prompt_type], "multi_modal_data": {"image": image}}
+        prompt: dict[str, Any] = {"prompt": instance.prompt_by_type[request.prompt_type],
+                                  "multi_modal_data": {"image": image}}
+        if ec_id is not None:
+            prompt["multi_modal_uuids"] = {"image": [ec_id]}
         request_id = f"{request.doc_id}-p{request.page_no}-a{attempt}-{uuid.uuid4().hex[:8]}"
         final = None
         try:
