@@ -128,6 +128,7 @@ class VllmEngine:
         self.stats = EngineStats()
         self.ec_storage = state_dir / "ec_cache"
         self.specs = plan_engines(settings, self.ec_storage)
+        self._ec_names: dict[str, set[str]] = {}  # encoder-split: a page's id → its rendered image hashes
         self._instances: list[_Instance] = []
         self._encoders: list[_Instance] = []
         self.vllm_version = ""
@@ -270,8 +271,11 @@ class VllmEngine:
             await self._generate(self._encoders[0], request, image, 1, 0.0, 1.0, attempt=-1, ec_id=ec_id)
             return await self._read(instance, request, image, max_tokens, max_retries, started, ec_id)
         finally:
-            # Not awaited: this also runs while the page is being cancelled.
-            asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, self.ec_storage / ec_id, True)
+            # The file is named by the id, or (vLLM 0.26, with processor kwargs) by a hash of it,
+            # which is what the prompts rendered for this page carry.
+            for name in {ec_id, *self._ec_names.pop(ec_id, ())}:
+                # Not awaited: this also runs while the page is being cancelled.
+                asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, self.ec_storage / name, True)
 
     async def _read(self, instance: _Instance, request: PageRequest, image: Image.Image, max_tokens: int,
                     max_retries: int, started: float, ec_id: str | None = None) -> PageResult:
@@ -340,6 +344,8 @@ class VllmEngine:
         final = None
         try:
             engine_input = await _render_off_loop(instance.llm, prompt)
+            if ec_id is not None:
+                self._ec_names.setdefault(ec_id, set()).update(_mm_hashes(engine_input))
             async for output in instance.llm.generate(engine_input, params, request_id=request_id):
                 final = output
         except EngineDeadError as error:
@@ -376,6 +382,12 @@ class VllmEngine:
         return {"repetition_detection": RepetitionDetectionParams(
             max_pattern_size=max_pattern, min_count=self.settings.repetition_min_count,
         )}
+
+
+def _mm_hashes(engine_input: Any) -> list[str]:
+    """The image hashes of a rendered prompt (an EC connector names its files by them)."""
+    hashes = engine_input.get("mm_hashes") if isinstance(engine_input, dict) else None
+    return [h for item_hashes in (hashes or {}).values() for h in item_hashes]
 
 
 def _rendering_place(llm: Any) -> str:
