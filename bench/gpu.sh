@@ -107,7 +107,8 @@ tune() {
     echo "== $label: $opts (limit $limit s)"
     # shellcheck disable=SC2086  # the options are words on purpose
     timeout -k 20 "$limit" bash "$0" bench "$name-$label" --concurrent --bare-gpu 0 --daemon-gpus 1 \
-      --deadline $((limit - 40)) --label "tuning: $label ($opts)" $common $opts || echo "== $label: exit $?"
+      --deadline $((limit - 40)) --bare-cache /root/vcache-bare --daemon-cache /root/vcache \
+      --label "tuning: $label ($opts)" $common $opts || echo "== $label: exit $?"
     pkill -9 -f bench/overhead.py 2>/dev/null; pkill -9 -f "chandrad run" 2>/dev/null; pkill -9 -f EngineCore 2>/dev/null
     sleep 5
   done

@@ -112,6 +112,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--concurrent", action="store_true",
                     help="run the bare engine and the daemon at the same time, on different GPUs "
                          "(--bare-gpu vs --daemon-gpus): one engine start of wall time instead of two")
+    ap.add_argument("--bare-cache", default=None,
+                    help="bare engine: VLLM_CACHE_ROOT kept between runs (default: one in the workdir)")
+    ap.add_argument("--bare-render", action="store_true",
+                    help="bare engine: render prompts through vLLM's renderer threads as chandrad does "
+                         "(default: raw prompts, the established baseline of shared/device/bench_engine.py)")
     ap.add_argument("--daemon-cache", default=None,
                     help="daemon: VLLM_CACHE_ROOT (keep it between runs for warm compile caches)")
     return ap.parse_args(argv)
@@ -407,7 +412,7 @@ async def bare_phase(a: argparse.Namespace, settings: Any, images: list[Any], wa
     assert len(specs) == 1, "the bare loop covers single-engine layouts"
     spec = specs[0]
     # Its own compile cache: a daemon started at the same time compiles into its own.
-    os.environ["VLLM_CACHE_ROOT"] = str(state_dir / "vllm-cache")
+    os.environ["VLLM_CACHE_ROOT"] = a.bare_cache or str(state_dir / "vllm-cache")
     set_spawn_environment(spec)  # what VllmEngine does before it starts an engine
 
     stats = EngineStats()
@@ -440,8 +445,10 @@ async def bare_phase(a: argparse.Namespace, settings: Any, images: list[Any], wa
             async with sem:
                 t1 = time.perf_counter()
                 final = None
-                async for out in llm.generate({"prompt": prompt, "multi_modal_data": {"image": image}},
-                                              params(max_tokens), request_id=rid):
+                engine_input: Any = {"prompt": prompt, "multi_modal_data": {"image": image}}
+                if a.bare_render:
+                    (engine_input,) = await llm.renderer.render_cmpl_async([engine_input])
+                async for out in llm.generate(engine_input, params(max_tokens), request_id=rid):
                     final = out
                 assert final is not None
                 latencies.append(time.perf_counter() - t1)
