@@ -33,6 +33,7 @@ log = structlog.get_logger("chandrad.daemon")
 INTAKE_QUEUE_SIZE = 256
 INTAKE_WORKERS = 4
 RETRY_POLL_SECONDS = 1.0
+RETRY_QUEUE_DEPTH = 4  # × documents in flight: queued documents the retry loop keeps in memory
 TICK_SECONDS = 1.0
 # A watcher that has not ticked for this long (its rescan can take a while on a big share) is hung.
 WATCHER_STALL_SECONDS = 120.0
@@ -239,12 +240,17 @@ class Daemon:
         # Retry times are wall-clock (they survive restarts). A retry further ahead than any backoff
         # can be means the clock stepped back (NTP, a restored VM): it is due, not an hour away.
         longest_backoff = self.settings.retry_backoff_seconds * 2 ** self.settings.max_attempts + 60
+        # Enough waiting in memory to keep every worker busy; the rest stays in the journal, so a
+        # backlog of 100 000 documents costs this loop a short indexed read, not the whole table.
+        depth = RETRY_QUEUE_DEPTH * self.documents_in_flight
         while True:
-            now = time.time()
-            for doc in await self.journal.call(self.journal.unfinished):
-                due = doc.next_attempt_at <= now or doc.next_attempt_at - now > longest_backoff
-                if doc.state == "queued" and due and doc.claimed_path:
-                    self._enqueue(doc.id)
+            if len(self.enqueued) < depth:
+                # The oldest due documents, including those already waiting here (still "queued").
+                due = await self.journal.call(
+                    self.journal.due_queued, time.time(), longest_backoff, len(self.enqueued) + depth
+                )
+                for doc_id in due:
+                    self._enqueue(doc_id)
             await asyncio.sleep(RETRY_POLL_SECONDS)
 
     async def _worker(self) -> None:

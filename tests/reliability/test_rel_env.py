@@ -254,3 +254,41 @@ async def test_a_retry_scheduled_before_the_clock_steps_back_an_hour_still_runs_
         loop_task.cancel()
         journal.close()
     assert doc.id in daemon.enqueued, "the retry is due 1 s after it was scheduled, whatever the wall clock says"
+
+
+async def test_a_large_backlog_is_fed_to_the_workers_oldest_first_a_bounded_window_at_a_time(tmp_path):
+    """With thousands of documents queued, the retry loop keeps only a few per worker in memory
+    (RETRY_QUEUE_DEPTH × documents in flight) and takes the next ones as the workers take theirs."""
+    from chandrad.daemon import RETRY_QUEUE_DEPTH, Daemon
+
+    settings = Settings(state_dir=tmp_path / "state", inbox=(InboxSettings(path=tmp_path / "inbox"),),
+                        max_documents_in_flight=2, metrics_address="")
+    (tmp_path / "state").mkdir()
+    now = [1_000.0]
+    journal = Journal(settings.state_dir / "journal.sqlite3", clock=lambda: now[0])
+    backlog = []
+    for i in range(3000):
+        now[0] += 1
+        doc = journal.add_document("inbox", f"scan-{i}.pdf", f"sha{i}", 1, i)
+        journal.set_state(doc.id, "queued", claimed_path=f"/x/{i}")
+        backlog.append(doc.id)
+    daemon = Daemon(settings)
+    daemon.journal = journal
+    depth = RETRY_QUEUE_DEPTH * 2
+    loop_task = asyncio.create_task(daemon._retry_loop())
+    try:
+        await asyncio.sleep(0.2)
+        assert set(daemon.enqueued) == set(backlog[:depth]), "the oldest, and no more than the window"
+        for _ in range(depth):  # the workers take everything that was waiting
+            doc_id = daemon.doc_queue.get_nowait()
+            daemon.enqueued.discard(doc_id)
+            journal.set_state(doc_id, "preparing")
+        for _ in range(30):
+            if daemon.enqueued:
+                break
+            await asyncio.sleep(0.1)
+        assert set(daemon.enqueued) == set(backlog[depth:2 * depth])
+    finally:
+        loop_task.cancel()
+        journal.close()
+
