@@ -204,10 +204,11 @@ class VllmEngine:
         }
         vocab = tokenizer.get_vocab()
         stop_ids = [vocab[token] for token in STOP_TOKENS if token in vocab]
+        renders_off_loop = _async_renderer(llm) is not None
         log.info("vllm engine started", engine=spec.name, gpus=spec.cuda_visible_devices,
                  seconds=round(time.monotonic() - started, 1), vllm=self.vllm_version,
-                 prompts_rendered_in=_rendering_place(llm))
-        if _rendering_place(llm) == "event loop":
+                 prompts_rendered_in="renderer threads" if renders_off_loop else "event loop")
+        if not renders_off_loop:
             log.warning("this vLLM has no async renderer: each page's image is processed on the daemon's "
                         "event loop, one at a time (~0.2 s a page on a GPU host); install vLLM >= 0.26 for "
                         "engine.renderer_workers to apply", vllm=self.vllm_version)
@@ -390,9 +391,9 @@ def _mm_hashes(engine_input: Any) -> list[str]:
     return [h for item_hashes in (hashes or {}).values() for h in item_hashes]
 
 
-def _rendering_place(llm: Any) -> str:
-    renderer = getattr(llm, "renderer", None)
-    return "renderer threads" if getattr(renderer, "render_cmpl_async", None) is not None else "event loop"
+def _async_renderer(llm: Any) -> Callable[..., Any] | None:
+    """vLLM's ``renderer.render_cmpl_async`` (0.26 and later), or None."""
+    return getattr(getattr(llm, "renderer", None), "render_cmpl_async", None)
 
 
 async def _render_off_loop(llm: Any, prompt: dict[str, Any]) -> Any:
@@ -404,8 +405,7 @@ async def _render_off_loop(llm: Any, prompt: dict[str, Any]) -> Any:
     pool of ``renderer_num_workers`` (engine.renderer_workers). Older vLLM without a renderer gets
     the raw prompt.
     """
-    renderer = getattr(llm, "renderer", None)
-    render = getattr(renderer, "render_cmpl_async", None)
+    render = _async_renderer(llm)
     if render is None:
         return prompt
     (engine_input,) = await render([prompt])
