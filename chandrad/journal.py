@@ -53,8 +53,9 @@ CREATE TABLE IF NOT EXISTS documents (
     updated_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS documents_sha ON documents (sha256);
-CREATE INDEX IF NOT EXISTS documents_state ON documents (state);
--- the retry loop's query (due_queued): the oldest queued documents without sorting the backlog
+-- by state (counts, unfinished) and, within one, oldest first (due_queued: the retry loop's read);
+-- it replaces an index on state alone, which every state change also had to update
+DROP INDEX IF EXISTS documents_state;
 CREATE INDEX IF NOT EXISTS documents_state_created ON documents (state, created_at);
 CREATE INDEX IF NOT EXISTS documents_path ON documents (inbox, rel_path);
 CREATE TABLE IF NOT EXISTS pages (
