@@ -92,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-documents-in-flight", type=int, default=None,
                     help="daemon: documents worked on at once (default 2 x --in-flight; chandrad's default is 4)")
     ap.add_argument("--max-pages-in-flight", type=int, default=None,
-                    help="daemon: engine.max_pages_in_flight (default --in-flight)")
+                    help="daemon: engine.max_pages_in_flight (default chandrad's: --in-flight per engine fed)")
     ap.add_argument("--prepare-workers", type=int, default=None, help="daemon: prepare.workers")
     ap.add_argument("--settle-seconds", type=float, default=1.0)
     ap.add_argument("--phases", default="bare,daemon", help="order of the phases (bare,daemon | daemon,bare | one)")
@@ -123,8 +123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def engine_settings(a: argparse.Namespace, model: str, gpus: tuple[int, ...] = (0,), layout: str = "single") -> Any:
-    """EngineSettings for one side; ``in_flight`` is per engine (max_num_seqs), pages in flight scale
-    with the engines that layout runs."""
+    """EngineSettings for one side; ``in_flight`` is per engine (max_num_seqs), and pages in flight
+    follow chandrad's own rule (EngineSettings.pages_in_flight) unless --max-pages-in-flight says."""
     from chandrad.config import EngineSettings
 
     extra: dict[str, Any] = {}
@@ -141,7 +141,7 @@ def engine_settings(a: argparse.Namespace, model: str, gpus: tuple[int, ...] = (
         max_num_batched_tokens=a.max_num_batched_tokens, gpu_memory_utilization=a.gpu_memory_utilization,
         enable_prefix_caching=not a.no_prefix_caching, max_tokens=a.max_tokens, max_retries=0,
         bench_force_max_tokens=True, engine_args=extra, gpus=gpus, layout=layout,
-        max_pages_in_flight=a.max_pages_in_flight or a.in_flight * engines_fed(gpus, layout),
+        max_pages_in_flight=a.max_pages_in_flight,  # None: the daemon's own rule (max_num_seqs per scheduler)
     )
     if a.gpu:
         values["enforce_eager"] = a.enforce_eager
@@ -151,11 +151,6 @@ def engine_settings(a: argparse.Namespace, model: str, gpus: tuple[int, ...] = (
         values["enforce_eager"] = True
         values["kv_cache_memory_gb"] = a.kv_cache_gb or 1.0
     return EngineSettings(**values)
-
-
-def engines_fed(gpus: tuple[int, ...], layout: str) -> int:
-    """How many schedulers share the pages (each holds max_num_seqs of them)."""
-    return len(gpus) if layout in ("replicas", "data-parallel") else 1
 
 
 # -- pages -----------------------------------------------------------------------------------------
