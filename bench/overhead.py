@@ -829,7 +829,10 @@ def git_state() -> dict[str, Any]:
     if SRC != REPO:
         stamp = SRC / "SOURCE.txt"
         return {"src": str(SRC), "snapshot_of": stamp.read_text().strip() if stamp.exists() else None}
-    return {"commit": git("rev-parse", "HEAD"), "dirty_files": [l[3:] for l in git("status", "--porcelain").splitlines()
+    # The device copy of the tree carries a stale .git (the working tree travels, the history does
+    # not always): the call's command line names the commit it ran as BENCH_COMMIT.
+    commit = os.environ.get("BENCH_COMMIT") or git("rev-parse", "HEAD")
+    return {"commit": commit, "dirty_files": [l[3:] for l in git("status", "--porcelain").splitlines()
                                                                 if l[3:].startswith("chandrad/")]}
 
 
