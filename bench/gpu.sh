@@ -19,6 +19,7 @@
 #                                     the daemon (GPU 1) at once on the same pages, each setting under
 #                                     its own limit (--deadline inside it); $OUT/NAME-LABEL.json and
 #                                     one NAME-logs.tar.gz (the call returns at most 8 files)
+#   STACKS=SECONDS bench/gpu.sh bench ..  also sample the EngineCores' stacks with py-spy (start profile)
 #   bench/gpu.sh soak NAME [opts]     bench/soak_gpu.py: mixed paper sizes, recycle, kill -9, GPU memory
 #                                     curve; $OUT/NAME.json, NAME.csv, NAME.log
 # The chandrad measured is the working tree that travelled with the call (SRC, committed first).
@@ -72,9 +73,23 @@ PY
   DROP=png; echo "poppler: none usable -> dropping PNG pages"
 }
 
+# STACKS=SECONDS: every 5 s for that long, py-spy dumps each EngineCore's Python stack into
+# $OUT/NAME-stacks.txt, to see what vLLM's start does (its "profiling/warmup run" took 74-87 s on
+# every start, compile cache warm or not). Needs ptrace; without it the file says why.
+sample_stacks() {
+  local name=$1 seconds=$2 t=0 pid
+  while [ $t -lt "$seconds" ]; do
+    for pid in $(pgrep -f EngineCore); do
+      { echo "=== t=${t}s pid=$pid $(date -u +%T)"; /root/site/bin/py-spy dump --pid "$pid" 2>&1 | head -60; } >> $OUT/$name-stacks.txt
+    done
+    sleep 5; t=$((t + 5))
+  done
+}
+
 bench() {
   local name=$1; shift
   setup_poppler
+  [ -n "${STACKS:-}" ] && { sample_stacks "$name" "$STACKS" & }
   nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu,clocks.sm --format=csv
   python3 bench/overhead.py --src $SRC --model $MODEL --arch chandra2-like --gpu --load-format dummy \
     --drop $DROP --engine-arg gdn_prefill_backend=triton --out $OUT/$name.json --workdir /root/work-$name \

@@ -234,6 +234,8 @@ def rates(start: float, done_times: list[float]) -> dict[str, float]:
     """End-to-end pages/s and the rate over the middle half of completions."""
     t = sorted(done_times)
     n = len(t)
+    if n == 0:  # --deadline came before the first page: say so, keep the start figures
+        return {"wall_s": None, "pages_per_s": 0.0, "first_page_s": None}
     wall = t[-1] - start
     out = {"wall_s": round(wall, 3), "pages_per_s": round(n / wall, 4),
            "first_page_s": round(t[0] - start, 3)}
@@ -480,15 +482,17 @@ async def bare_phase(a: argparse.Namespace, settings: Any, images: list[Any], wa
         lag_task.cancel()
         gpu.stop_event.set()
         result.update(rates(start, done_at))
-        result.update({
-            "pages": len(done_at), "lat_p50_s": round(pct(latencies, 50), 3), "lat_p95_s": round(pct(latencies, 95), 3),
-            "prompt_tokens_per_page": sorted({p for p, _ in tokens}),
-            "mean_pages_at_engine": round(sum(latencies) / (max(done_at) - start), 2),
-            "output_tokens_total": sum(o for _, o in tokens),
-            "output_tok_per_s": round(sum(o for _, o in tokens) / (max(done_at) - start), 1),
-            "engine_peak_running": stats.peak_running,
-            "cpu": cpu.close(), "loop_lag": lag.summary(), **gpu.summary(start, end),
-        })
+        result.update({"pages": len(done_at), "engine_peak_running": stats.peak_running,
+                       "cpu": cpu.close(), "loop_lag": lag.summary(), **gpu.summary(start, end)})
+        if done_at:
+            span = max(done_at) - start
+            result.update({
+                "lat_p50_s": round(pct(latencies, 50), 3), "lat_p95_s": round(pct(latencies, 95), 3),
+                "prompt_tokens_per_page": sorted({p for p, _ in tokens}),
+                "mean_pages_at_engine": round(sum(latencies) / span, 2),
+                "output_tokens_total": sum(o for _, o in tokens),
+                "output_tok_per_s": round(sum(o for _, o in tokens) / span, 1),
+            })
         result["vllm"] = vllm.__version__
     finally:
         try:
@@ -552,6 +556,8 @@ def daemon_config(a: argparse.Namespace, settings: Any, root: Path) -> Path:
         "max_attempts = 1", "", "[engine]",
         *(f"{key} = {toml_value(value)}" for key, value in engine.items()),
         "", "[prepare]",
+        # the daemon renders each PDF at this DPI: the bare side's images were made at --dpi too
+        f"dpi = {a.dpi}",
         *([f"workers = {a.prepare_workers}"] if a.prepare_workers else []),
         "", "[[inbox]]", f'path = {toml_value(str(root / "inbox"))}',
         f"settle_seconds = {a.settle_seconds}", "rescan_seconds = 300.0", 'duplicates = "reprocess"',
@@ -651,6 +657,17 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
            "PYTHONPATH": os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "VLLM_CACHE_ROOT": a.daemon_cache or str(root / "vllm-cache")}
     env.pop("CUDA_VISIBLE_DEVICES", None)  # chandrad sets it per engine from engine.gpus
+    if a.layout == "encoder-split":
+        # vLLM's example EC connector says only at debug level that the language engine loaded an
+        # encoder output: turn that one logger up so the result counts the hand-offs (ec_loads).
+        logging_config = root / "vllm-logging.json"
+        logging_config.write_text(json.dumps({
+            "version": 1, "disable_existing_loggers": False,
+            "formatters": {"plain": {"format": "%(levelname)s %(name)s %(message)s"}},
+            "handlers": {"out": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stdout"}},
+            "loggers": {"vllm": {"handlers": ["out"], "level": "INFO", "propagate": False},
+                        "vllm.distributed.ec_transfer.ec_connector.example_connector": {"level": "DEBUG"}}}))
+        env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_config)
     state = root / "state"
     result: dict[str, Any] = {"config": config.read_text()}
     with open(log_path, "ab") as log:
@@ -683,7 +700,8 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
                     return rows
                 if proc.poll() is not None:
                     raise RuntimeError(f"the daemon died ({proc.returncode}):\n{log_path.read_text()[-4000:]}")
-                if partial_ok and a.deadline_at and time.monotonic() > a.deadline_at and len(rows) > base:
+                # Past --deadline, return even with no page finished: the start figures are kept.
+                if partial_ok and a.deadline_at and time.monotonic() > a.deadline_at:
                     result["partial"] = True
                     print(f"[daemon] --deadline reached: {len(rows)} of {count} documents finished", flush=True)
                     return rows
@@ -751,6 +769,8 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
         if peaks:
             result["engine_peak_running"] = max(peaks)
         result["log_warnings"] = [e.get("event") for e in events if e.get("level") in ("warning", "error")][:20]
+        if a.layout == "encoder-split":
+            result["ec_loads"] = log_path.read_text(errors="replace").count("Success load encoder cache for hash")
     finally:
         if proc.poll() is None:
             kids = descendants(proc.pid)
@@ -886,7 +906,8 @@ def main(argv: list[str] | None = None) -> int:
         def save() -> None:
             if a.out:
                 Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-                Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+                # a copy: the daemon side's thread may add its key meanwhile (--concurrent)
+                Path(a.out).write_text(json.dumps(dict(result), indent=2) + "\n")
 
         def run_phase(phase: str) -> None:
             if phase not in ("bare", "daemon"):
@@ -918,9 +939,10 @@ def main(argv: list[str] | None = None) -> int:
             daemon_side = threading.Thread(target=run_phase, args=("daemon",), name="daemon-phase")
             daemon_side.start()
             run_phase("bare")
+            save()  # the bare figures survive a daemon side that outlives the call's limit
             daemon_side.join()
             windows = [result.get(side, {}).get("window") for side in ("bare", "daemon")]
-            if all(windows):
+            if all(w and all(w) for w in windows):
                 (b0, b1), (d0, d1) = windows  # type: ignore[misc]
                 result["timed_windows_overlap_frac"] = round(max(0.0, min(b1, d1) - max(b0, d0)) / max(b1 - b0, d1 - d0), 3)
         else:
@@ -933,7 +955,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["vllm"] = vllm.__version__
             except ImportError:
                 result["vllm"] = None
-        if "pages_per_s" in result.get("bare", {}) and "pages_per_s" in result.get("daemon", {}):
+        if result.get("bare", {}).get("pages_per_s") and result.get("daemon", {}).get("pages_per_s"):
             b, d = result["bare"], result["daemon"]
             result["engine_pages_per_s"] = b["pages_per_s"]
             result["daemon_pages_per_s"] = d["pages_per_s"]
