@@ -147,15 +147,17 @@ _OUT_OF_MEMORY = (b"Out of memory", b"VMerror", b"Cannot allocate memory", b"bad
 
 
 def run_tool(
-    args: list[str], timeout: float, stage: str, *, binary: bool = False, memory_mb: int = 0
+    args: list[str], settings: PrepareSettings, stage: str, *, binary: bool = False
 ) -> subprocess.CompletedProcess[Any]:
     """Run an external program; a timeout or a missing program is transient, its exit code is the caller's.
 
-    The program gets its own process group, and a timeout kills the whole group: a wrapper
-    script's children (or a tool's helpers) must not outlive it holding our pipes open.
-    ``memory_mb`` caps its address space (RLIMIT_AS): a hostile PDF makes Ghostscript fail with
-    a reason instead of pushing the machine into the OOM killer; running out of it is permanent.
+    The program gets its own process group, and a timeout (``subprocess_timeout_seconds``) kills
+    the whole group: a wrapper script's children (or a tool's helpers) must not outlive it holding
+    our pipes open. ``tool_memory_mb`` caps its address space (RLIMIT_AS): a hostile PDF makes
+    Ghostscript fail with a reason instead of pushing the machine into the OOM killer; running out
+    of it is permanent.
     """
+    timeout, memory_mb = settings.subprocess_timeout_seconds, settings.tool_memory_mb
     try:
         proc = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
@@ -242,8 +244,7 @@ def pdf_info(pdf: Path, settings: PrepareSettings, password: str | None = None) 
     args = ["pdfinfo"]
     if password:
         args += ["-upw", password]
-    head = run_tool([*args, str(pdf)], settings.subprocess_timeout_seconds, "inspect",
-                    memory_mb=settings.tool_memory_mb)
+    head = run_tool([*args, str(pdf)], settings, "inspect")
     if killed := killed_from_outside("pdfinfo", head.returncode, "inspect"):
         raise killed
     if head.returncode != 0:
@@ -268,8 +269,7 @@ def pdf_info(pdf: Path, settings: PrepareSettings, password: str | None = None) 
         raise PermanentError(
             f"the PDF declares {pages} pages, more than max_pages = {settings.max_pages}; split it", stage="inspect"
         )
-    sized = run_tool([*args, "-f", "1", "-l", str(pages), str(pdf)], settings.subprocess_timeout_seconds, "inspect",
-                    memory_mb=settings.tool_memory_mb)
+    sized = run_tool([*args, "-f", "1", "-l", str(pages), str(pdf)], settings, "inspect")
     if killed := killed_from_outside("pdfinfo", sized.returncode, "inspect"):
         raise killed
     sizes = {int(n): (float(w), float(h)) for n, w, h in _PAGE_SIZE.findall(sized.stdout)}
@@ -314,8 +314,7 @@ def normalise_pdf(
     if password:
         args.append(f"-sPDFPassword={password}")
     try:
-        result = run_tool([*args, str(source)], settings.subprocess_timeout_seconds, "normalise",
-                          memory_mb=settings.tool_memory_mb)
+        result = run_tool([*args, str(source)], settings, "normalise")
     except (TransientError, PermanentError):
         target.unlink(missing_ok=True)
         raise
@@ -361,8 +360,7 @@ def render_pdf_page(
     if password:
         args += ["-upw", password]
     try:
-        result = run_tool([*args, str(pdf)], settings.subprocess_timeout_seconds, "render", binary=True,
-                          memory_mb=settings.tool_memory_mb)
+        result = run_tool([*args, str(pdf)], settings, "render", binary=True)
     except TransientError as error:
         if "took longer" not in error.reason:
             raise
