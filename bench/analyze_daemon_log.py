@@ -44,7 +44,12 @@ def main() -> None:
     ap.add_argument("--skip-file", default="page-warm.pdf")
     a = ap.parse_args()
     result = json.loads(Path(a.result).read_text())
-    daemon, bare = result["daemon"], result.get("bare", {})
+    daemon, bare = result.get("daemon", {}), result.get("bare", {})
+    if not daemon.get("pages") or not daemon.get("wall_s"):
+        raise SystemExit(f"{a.result}: the daemon published no timed page (stopped in "
+                         f"{daemon.get('stopped_in', 'the timed window')}); nothing to analyse")
+    if bare and not bare.get("pages"):
+        bare = {}  # a bare side cut before its first page has no per-page figures
     evs = [e for e in events(Path(a.log)) if "timestamp" in e and e.get("file") != a.skip_file]
     queued = {e["doc"]: ts(e) for e in evs if e.get("event") == "document queued"}
     done = {e["doc"]: (ts(e), float(e["seconds"])) for e in evs if e.get("event") == "page done"}

@@ -73,14 +73,15 @@ PY
   DROP=png; echo "poppler: none usable -> dropping PNG pages"
 }
 
-# STACKS=SECONDS: every 5 s for that long, py-spy dumps each EngineCore's Python stack into
-# $OUT/NAME-stacks.txt, to see what vLLM's start does (its "profiling/warmup run" took 74-87 s on
+# STACKS=SECONDS: every 5 s for that long (or until the run ends), py-spy dumps each EngineCore's
+# Python stack into $OUT/NAME-stacks.log (inside tune's tarball), to see what vLLM's start does (its "profiling/warmup run" took 74-87 s on
 # every start, compile cache warm or not). Needs ptrace; without it the file says why.
 sample_stacks() {
   local name=$1 seconds=$2 t=0 pid
   while [ $t -lt "$seconds" ]; do
-    for pid in $(pgrep -f EngineCore); do
-      { echo "=== t=${t}s pid=$pid $(date -u +%T)"; /root/site/bin/py-spy dump --pid "$pid" 2>&1 | head -60; } >> $OUT/$name-stacks.txt
+    # --nonblocking: never pause an engine (the sampler may outlast the start into timed pages)
+    for pid in $(pgrep -f '^VLLM::EngineCore'); do
+      { echo "=== t=${t}s pid=$pid $(date -u +%T)"; /root/site/bin/py-spy dump --nonblocking --pid "$pid" 2>&1 | head -120; } >> $OUT/$name-stacks.log
     done
     sleep 5; t=$((t + 5))
   done
@@ -89,12 +90,14 @@ sample_stacks() {
 bench() {
   local name=$1; shift
   setup_poppler
-  [ -n "${STACKS:-}" ] && { sample_stacks "$name" "$STACKS" & }
+  local sampler=
+  if [ -n "${STACKS:-}" ]; then sample_stacks "$name" "$STACKS" </dev/null >/dev/null 2>&1 & sampler=$!; fi
   nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu,clocks.sm --format=csv
   python3 bench/overhead.py --src $SRC --model $MODEL --arch chandra2-like --gpu --load-format dummy \
     --drop $DROP --engine-arg gdn_prefill_backend=triton --out $OUT/$name.json --workdir /root/work-$name \
     --label "$name" "$@" > $OUT/$name.log 2>&1
   local rc=$?
+  [ -n "$sampler" ] && { kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null; }
   cp /root/work-$name/daemon/daemon.log $OUT/$name-daemon.log 2>/dev/null
   grep -E "^\[|^daemon/bare|^micro|pages of|FAILED|Error|error" $OUT/$name.log | grep -v "^RESULT" | tail -40
   tail -c 6000 $OUT/$name.log | grep -E "^RESULT" | cut -c1-4000

@@ -11,7 +11,7 @@ through ``chandrad run``, one after the other in ONE run, with the same engine s
 (b) daemon: ``python -m chandrad run --config`` as a child process with the same engine settings
     (``max_num_seqs`` = ``max_pages_in_flight`` = ``--in-flight``, ``max_retries = 0``: random
     weights make Chandra's loop detector meaningless), each page dropped into its inbox as a
-    one-page US-Letter PDF at 192 dpi (PIL, JPEG inside, like a scanner) or PNG (``--drop png``),
+    one-page US-Letter PDF at ``--dpi`` (192; the daemon renders at it too) (PIL, JPEG inside, like a scanner) or PNG (``--drop png``),
     by an atomic rename; done when the journal says every document is published.
 
 Every page has distinct content (no prefix-cache hits). Both sides get a warm-up (not timed):
@@ -230,7 +230,7 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
 
 
-def rates(start: float, done_times: list[float]) -> dict[str, float]:
+def rates(start: float, done_times: list[float]) -> dict[str, float | None]:
     """End-to-end pages/s and the rate over the middle half of completions."""
     t = sorted(done_times)
     n = len(t)
@@ -453,8 +453,17 @@ async def bare_phase(a: argparse.Namespace, settings: Any, images: list[Any], wa
                 tokens.append((len(final.prompt_token_ids or []), len(final.outputs[0].token_ids)))
 
         t = time.perf_counter()
-        await one("warm-small", Image.new("RGB", (224, 224), "white"), 8)  # chandrad's own warm-up
-        await one("warm-full", warm_image, 16)                               # + one full-size page
+
+        async def warm_up() -> None:
+            await one("warm-small", Image.new("RGB", (224, 224), "white"), 8)  # chandrad's own warm-up
+            await one("warm-full", warm_image, 16)                               # + one full-size page
+        try:
+            left = a.deadline_at - time.monotonic() if a.deadline_at else None
+            await asyncio.wait_for(warm_up(), timeout=max(left, 1.0) if left is not None else None)
+        except TimeoutError:  # --deadline: the start figure stays
+            result.update({"partial": True, "stopped_in": "warm-up"})
+            print("[bare] --deadline reached during the warm-up", flush=True)
+            return result
         result["warmup_s"] = round(time.perf_counter() - t, 2)
         done_at.clear(), latencies.clear(), tokens.clear()
         stats.peak_running = 0
@@ -663,7 +672,7 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
         logging_config = root / "vllm-logging.json"
         logging_config.write_text(json.dumps({
             "version": 1, "disable_existing_loggers": False,
-            "formatters": {"plain": {"format": "%(levelname)s %(name)s %(message)s"}},
+            "formatters": {"plain": {"format": "%(levelname)s %(asctime)s %(name)s %(message)s"}},
             "handlers": {"out": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stdout"}},
             "loggers": {"vllm": {"handlers": ["out"], "level": "INFO", "propagate": False},
                         "vllm.distributed.ec_transfer.ec_connector.example_connector": {"level": "DEBUG"}}}))
@@ -675,13 +684,18 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
         proc = subprocess.Popen([sys.executable, "-m", "chandrad", "run", "--config", str(config)],
                                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
     try:
-        deadline = min(time.monotonic() + a.start_timeout, a.deadline_at or float("inf"))
+        deadline = time.monotonic() + a.start_timeout
         while not any(e.get("event") == "watching inbox" for e in read_events(log_path)):
             if proc.poll() is not None:
                 raise RuntimeError(f"the daemon exited at start ({proc.returncode}):\n{log_path.read_text()[-4000:]}")
+            if a.deadline_at and time.monotonic() > a.deadline_at:  # keep how long it was given
+                result.update({"partial": True, "stopped_in": "start",
+                               "start_waited_s": round(time.perf_counter() - t, 1)})
+                print(f"[daemon] --deadline reached while the daemon was starting ({result['start_waited_s']} s)",
+                      flush=True)
+                return result
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the daemon did not start within {time.perf_counter() - t:.0f} s "
-                                   "(--start-timeout or --deadline)")
+                raise RuntimeError(f"the daemon did not start within {time.perf_counter() - t:.0f} s (--start-timeout)")
             time.sleep(0.5)
         result["start_to_watching_s"] = round(time.perf_counter() - t, 1)
         ready = [e for e in read_events(log_path) if e.get("event") == "engine ready"]
@@ -713,7 +727,9 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
         if warm_file is not None:
             t = time.perf_counter()
             drop(warm_file, root / "inbox")
-            wait_docs(1, a.timeout)
+            if not wait_docs(1, a.timeout, partial_ok=True):
+                result["stopped_in"] = "warm-up"
+                return result
             base = 1
             result["warmup_s"] = round(time.perf_counter() - t, 2)
             print(f"[daemon] warm-up document done in {result['warmup_s']} s", flush=True)
@@ -721,6 +737,7 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
         gpu = GpuPoller(tuple(settings.gpus))
         gpu.start()
         cpu = CpuWindow(proc.pid)
+        log_offset = log_path.stat().st_size  # what the log says from the timed drop on
         start = time.time()
         for path in files:
             drop(path, root / "inbox")
@@ -738,13 +755,16 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
         result.update({"pages": len(timed), "states": states, "drop_s": round(drop_s, 3), "cpu": cpu_summary,
                        **gpu.summary(start, end)})
         # What the outbox says about each page (prompt tokens prove both sides did the same work).
+        # Only the documents the journal had published when the window closed: the daemon goes on
+        # publishing until it is stopped, and writes a document's outputs before its journal row.
+        published_stems = {Path(r["rel_path"]).stem for r in timed if r["state"] == "published"}
         prompt_tokens, out_tokens, latencies, retries, sizes = set(), 0, [], 0, set()
         for doc_json in (root / "outbox").glob("*/*.json"):
+            if doc_json.parent.name not in published_stems:
+                continue
             try:
                 document = json.loads(doc_json.read_text())
             except (OSError, json.JSONDecodeError):
-                continue
-            if doc_json.parent.name.startswith("page-warm"):
                 continue
             for page in document.get("pages", []):
                 prompt_tokens.add(page.get("prompt_tokens"))
@@ -757,7 +777,7 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
         result.update({"prompt_tokens_per_page": sorted(p for p in prompt_tokens if p is not None),
                        "output_tokens_total": out_tokens, "page_retries": retries,
                        "page_sizes": sorted(list(s) for s in sizes)})
-        if latencies:
+        if latencies and result.get("wall_s"):
             result.update({"engine_lat_p50_s": round(pct(latencies, 50), 3),
                            "engine_lat_p95_s": round(pct(latencies, 95), 3),
                            # Little's law: mean pages at the engine over the timed window
@@ -770,7 +790,10 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
             result["engine_peak_running"] = max(peaks)
         result["log_warnings"] = [e.get("event") for e in events if e.get("level") in ("warning", "error")][:20]
         if a.layout == "encoder-split":
-            result["ec_loads"] = log_path.read_text(errors="replace").count("Success load encoder cache for hash")
+            # From the timed drop to the end of the window: pages still at the engine then count too.
+            with open(log_path, "rb") as log_file:
+                log_file.seek(log_offset)
+                result["ec_loads_in_window"] = log_file.read().count(b"Success load encoder cache for hash")
     finally:
         if proc.poll() is None:
             kids = descendants(proc.pid)
@@ -851,8 +874,8 @@ def git_state() -> dict[str, Any]:
         return {"src": str(SRC), "snapshot_of": stamp.read_text().strip() if stamp.exists() else None}
     # The device copy of the tree carries a stale .git (the working tree travels, the history does
     # not always): the call's command line names the commit it ran as BENCH_COMMIT.
-    commit = os.environ.get("BENCH_COMMIT") or git("rev-parse", "HEAD")
-    return {"commit": commit, "dirty_files": [l[3:] for l in git("status", "--porcelain").splitlines()
+    head = git("rev-parse", "HEAD")
+    return {"commit": os.environ.get("BENCH_COMMIT") or head, "git_head": head, "dirty_files": [l[3:] for l in git("status", "--porcelain").splitlines()
                                                                 if l[3:].startswith("chandrad/")]}
 
 
@@ -917,14 +940,14 @@ def main(argv: list[str] | None = None) -> int:
                     bare = asyncio.run(bare_phase(a, bare_settings, images, warm_images[0], root / "bare-state"))
                     result["bare"] = bare
                     result["vllm"] = bare.get("vllm")
-                    print(f"[bare] {bare['pages']} pages in {bare['wall_s']} s: {bare['pages_per_s']} pages/s",
-                          flush=True)
+                    print(f"[bare] {bare.get('pages', 0)} pages in {bare.get('wall_s')} s: "
+                          f"{bare.get('pages_per_s', 0.0)} pages/s", flush=True)
                 else:
                     daemon = daemon_phase(a, settings, files, None if a.no_daemon_warmup else warm_files[0],
                                           root / "daemon")
                     result["daemon"] = daemon
-                    print(f"[daemon] {daemon['pages']} pages in {daemon['wall_s']} s: "
-                          f"{daemon['pages_per_s']} pages/s", flush=True)
+                    print(f"[daemon] {daemon.get('pages', 0)} pages in {daemon.get('wall_s')} s: "
+                          f"{daemon.get('pages_per_s', 0.0)} pages/s", flush=True)
             except Exception as error:  # keep what was measured; say what broke
                 import traceback
 
@@ -942,7 +965,7 @@ def main(argv: list[str] | None = None) -> int:
             save()  # the bare figures survive a daemon side that outlives the call's limit
             daemon_side.join()
             windows = [result.get(side, {}).get("window") for side in ("bare", "daemon")]
-            if all(w and all(w) for w in windows):
+            if all(windows) and all(result[side].get("pages") for side in ("bare", "daemon")):
                 (b0, b1), (d0, d1) = windows  # type: ignore[misc]
                 result["timed_windows_overlap_frac"] = round(max(0.0, min(b1, d1) - max(b0, d0)) / max(b1 - b0, d1 - d0), 3)
         else:
