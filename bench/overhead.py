@@ -667,15 +667,10 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
            "VLLM_CACHE_ROOT": a.daemon_cache or str(root / "vllm-cache")}
     env.pop("CUDA_VISIBLE_DEVICES", None)  # chandrad sets it per engine from engine.gpus
     if a.layout == "encoder-split":
-        # vLLM's example EC connector says only at debug level that the language engine loaded an
-        # encoder output: turn that one logger up so the result counts the hand-offs (ec_loads).
-        logging_config = root / "vllm-logging.json"
-        logging_config.write_text(json.dumps({
-            "version": 1, "disable_existing_loggers": False,
-            "formatters": {"plain": {"format": "%(levelname)s %(asctime)s %(name)s %(message)s"}},
-            "handlers": {"out": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stdout"}},
-            "loggers": {"vllm": {"handlers": ["out"], "level": "INFO", "propagate": False},
-                        "vllm.distributed.ec_transfer.ec_connector.example_connector": {"level": "DEBUG"}}}))
+        from chandrad.engine.layout import ec_loads_logging_config
+
+        logging_config = root / "vllm-logging.json"  # the result counts the hand-offs (ec_loads_in_window)
+        logging_config.write_text(json.dumps(ec_loads_logging_config()))
         env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_config)
     state = root / "state"
     result: dict[str, Any] = {"config": config.read_text()}
@@ -790,10 +785,12 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
             result["engine_peak_running"] = max(peaks)
         result["log_warnings"] = [e.get("event") for e in events if e.get("level") in ("warning", "error")][:20]
         if a.layout == "encoder-split":
+            from chandrad.engine.layout import EC_LOADED_LINE
+
             # From the timed drop to the end of the window: pages still at the engine then count too.
             with open(log_path, "rb") as log_file:
                 log_file.seek(log_offset)
-                result["ec_loads_in_window"] = log_file.read().count(b"Success load encoder cache for hash")
+                result["ec_loads_in_window"] = log_file.read().count(EC_LOADED_LINE.encode())
     finally:
         if proc.poll() is None:
             kids = descendants(proc.pid)

@@ -22,6 +22,7 @@ from PIL import Image
 
 from chandrad.config import EngineSettings
 from chandrad.engine.base import PageRequest
+from chandrad.engine.layout import EC_LOADED_LINE, ec_loads_logging_config
 from chandrad.engine.vllm import VllmEngine, descendant_pids, process_cmdline
 from chandrad.errors import PermanentError
 from tests.conftest import REPO, corpus_file, drop, wait_for
@@ -250,13 +251,7 @@ def test_encoder_split_hands_each_image_to_the_language_model_and_keeps_no_encod
     # consumer), handing each page's image embedding over through files in state_dir/ec_cache.
     # vLLM's example connector says at debug level when the language model loads one.
     logging_config = tmp_path / "vllm-logging.json"
-    logging_config.write_text(json.dumps({
-        "version": 1, "disable_existing_loggers": False,
-        "formatters": {"plain": {"format": "%(name)s %(message)s"}},
-        "handlers": {"out": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stdout"}},
-        "loggers": {"vllm": {"handlers": ["out"], "level": "INFO", "propagate": False},
-                    "vllm.distributed.ec_transfer.ec_connector.example_connector": {"level": "DEBUG"}},
-    }))
+    logging_config.write_text(json.dumps(ec_loads_logging_config()))
     daemon = daemon_factory(engine_config=engine_toml(tiny_model, layout="encoder-split", gpus=[0, 1])).start(
         env={"VLLM_LOGGING_CONFIG_PATH": str(logging_config)})
     assert any(e.get("event") == "vllm engine started" and e.get("engine") == "encoder" for e in daemon.events())
@@ -268,7 +263,7 @@ def test_encoder_split_hands_each_image_to_the_language_model_and_keeps_no_encod
     assert daemon.states() == {"multipage.pdf": "published", "blank.tiff": "published"}
     assert json.loads((daemon.outbox / "multipage" / "multipage.json").read_text())["num_pages"] == 6
     assert json.loads((daemon.outbox / "blank" / "blank.json").read_text())["failed_pages"] == []
-    loaded = daemon.log_path.read_text().count("Success load encoder cache for hash")
+    loaded = daemon.log_path.read_text().count(EC_LOADED_LINE)
     assert loaded >= 8, f"the language model read the encoder's output for each of the 8 pages ({loaded} loads)"
     wait_for(lambda: not any((daemon.state / "ec_cache").iterdir()), 10, "the encoder outputs to be deleted")
     assert daemon.stop() == 0
