@@ -104,6 +104,12 @@ bench() {
   return $rc
 }
 
+# After a run cut by its limit: whatever it left behind must not hold the GPUs for the next one.
+reap() {
+  pkill -9 -f bench/overhead.py 2>/dev/null; pkill -9 -f "chandrad run" 2>/dev/null; pkill -9 -f EngineCore 2>/dev/null
+  sleep 5  # the GPUs free their memory
+}
+
 layouts() {
   local name=$1 limit=$2 list=$3; shift 3
   local gpus
@@ -112,8 +118,7 @@ layouts() {
     echo "== $layout on GPUs $gpus (limit $limit s)"
     timeout -k 20 "$limit" bash "$0" bench "$name-$layout" --phases daemon --daemon-gpus "$gpus" --layout "$layout" \
       --deadline $((limit - 30)) --label "layout comparison: $layout" "$@" || echo "== $layout: exit $? (see $name-$layout.json / .log)"
-    pkill -9 -f bench/overhead.py 2>/dev/null; pkill -9 -f "chandrad run" 2>/dev/null; pkill -9 -f EngineCore 2>/dev/null
-    sleep 5  # the GPUs free their memory
+    reap
   done
 }
 
@@ -127,8 +132,7 @@ tune() {
     timeout -k 20 "$limit" bash "$0" bench "$name-$label" --concurrent --bare-gpu 0 --daemon-gpus 1 \
       --deadline $((limit - 40)) --bare-cache /root/vcache-bare --daemon-cache /root/vcache \
       --label "tuning: $label ($opts)" $common $opts || echo "== $label: exit $?"
-    pkill -9 -f bench/overhead.py 2>/dev/null; pkill -9 -f "chandrad run" 2>/dev/null; pkill -9 -f EngineCore 2>/dev/null
-    sleep 5
+    reap
   done
   (cd "$OUT" && tar czf "$name-logs.tar.gz" "$name"-*.log && rm -f "$name"-*.log)
 }

@@ -230,6 +230,11 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
 
 
+def seconds_to_deadline(a: argparse.Namespace) -> float | None:
+    """What is left until --deadline (at least 1 s: what finished by then is still collected), or None."""
+    return max(a.deadline_at - time.monotonic(), 1.0) if a.deadline_at else None
+
+
 def rates(start: float, done_times: list[float]) -> dict[str, float | None]:
     """End-to-end pages/s and the rate over the middle half of completions."""
     t = sorted(done_times)
@@ -458,8 +463,7 @@ async def bare_phase(a: argparse.Namespace, settings: Any, images: list[Any], wa
             await one("warm-small", Image.new("RGB", (224, 224), "white"), 8)  # chandrad's own warm-up
             await one("warm-full", warm_image, 16)                               # + one full-size page
         try:
-            left = a.deadline_at - time.monotonic() if a.deadline_at else None
-            await asyncio.wait_for(warm_up(), timeout=max(left, 1.0) if left is not None else None)
+            await asyncio.wait_for(warm_up(), timeout=seconds_to_deadline(a))
         except TimeoutError:  # --deadline: the start figure stays
             result.update({"partial": True, "stopped_in": "warm-up"})
             print("[bare] --deadline reached during the warm-up", flush=True)
@@ -475,8 +479,7 @@ async def bare_phase(a: argparse.Namespace, settings: Any, images: list[Any], wa
         lag_task = asyncio.create_task(lag.run())
         start = time.time()
         tasks = [asyncio.create_task(one(f"page-{i}", image, a.max_tokens)) for i, image in enumerate(images)]
-        left = a.deadline_at - time.monotonic() if a.deadline_at else None
-        _, pending = await asyncio.wait(tasks, timeout=max(left, 1.0) if left is not None else None)
+        _, pending = await asyncio.wait(tasks, timeout=seconds_to_deadline(a))
         if pending:  # --deadline: keep what finished, abort the rest
             result["partial"] = True
             print(f"[bare] --deadline reached: {len(done_at)} of {len(tasks)} pages finished", flush=True)
