@@ -113,12 +113,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="run the bare engine and the daemon at the same time, on different GPUs "
                          "(--bare-gpu vs --daemon-gpus): one engine start of wall time instead of two")
     ap.add_argument("--bare-cache", default=None,
-                    help="bare engine: VLLM_CACHE_ROOT kept between runs (default: one in the workdir)")
+                    help="bare engine: VLLM_CACHE_ROOT, Triton cache inside, kept between runs (default: one in the workdir)")
     ap.add_argument("--bare-render", action="store_true",
                     help="bare engine: render prompts through vLLM's renderer threads as chandrad does "
                          "(default: raw prompts, the established baseline of shared/device/bench_engine.py)")
     ap.add_argument("--daemon-cache", default=None,
-                    help="daemon: VLLM_CACHE_ROOT (keep it between runs for warm compile caches)")
+                    help="daemon: VLLM_CACHE_ROOT, Triton cache inside (keep it between runs for warm compile caches)")
     return ap.parse_args(argv)
 
 
@@ -414,7 +414,7 @@ async def bare_phase(a: argparse.Namespace, settings: Any, images: list[Any], wa
     assert len(specs) == 1, "the bare loop covers single-engine layouts"
     spec = specs[0]
     # Its own compile cache: a daemon started at the same time compiles into its own.
-    os.environ["VLLM_CACHE_ROOT"] = a.bare_cache or str(state_dir / "vllm-cache")
+    os.environ.update(compile_cache_env(a.bare_cache or str(state_dir / "vllm-cache")))
     set_spawn_environment(spec)  # what VllmEngine does before it starts an engine
 
     stats = EngineStats()
@@ -559,6 +559,12 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def compile_cache_env(cache_root: str) -> dict[str, str]:
+    """vLLM's compile cache and Triton's kernel cache in one folder, as the systemd unit sets them
+    (its Triton cache beside its vLLM cache): a warm start then finds both."""
+    return {"VLLM_CACHE_ROOT": cache_root, "TRITON_CACHE_DIR": os.path.join(cache_root, "triton")}
+
+
 def daemon_config(a: argparse.Namespace, settings: Any, root: Path) -> Path:
     engine = settings.model_dump(exclude_defaults=True, mode="json")
     lines = [
@@ -667,7 +673,7 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
     log_path = root / "daemon.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])]),
-           "VLLM_CACHE_ROOT": a.daemon_cache or str(root / "vllm-cache")}
+           **compile_cache_env(a.daemon_cache or str(root / "vllm-cache"))}
     env.pop("CUDA_VISIBLE_DEVICES", None)  # chandrad sets it per engine from engine.gpus
     if a.layout == "encoder-split":
         from chandrad.engine.layout import ec_loads_logging_config

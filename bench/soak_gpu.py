@@ -58,7 +58,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--engine-arg", action="append", default=[])
     ap.add_argument("--dpi", type=int, default=192)
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--cache", default=None, help="VLLM_CACHE_ROOT for the daemon")
+    ap.add_argument("--cache", default=None, help="VLLM_CACHE_ROOT for the daemon, Triton cache inside")
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds from the start of this script")
     ap.add_argument("--out", required=True)
     ap.add_argument("--csv", required=True)
@@ -137,7 +137,7 @@ def main() -> int:
     log_path = root / "daemon.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join([str(overhead.SRC), *filter(None, [os.environ.get("PYTHONPATH")])]),
-           "VLLM_CACHE_ROOT": a.cache or str(root / "vllm-cache")}
+           **overhead.compile_cache_env(a.cache or str(root / "vllm-cache"))}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     sampler.start()
     with open(log_path, "ab") as log:

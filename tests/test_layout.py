@@ -95,3 +95,19 @@ def test_pages_in_flight_default_follows_the_engine():
     assert EngineSettings(max_num_seqs=64).pages_in_flight("vllm") == 64
     assert EngineSettings(max_num_seqs=64, gpus=(0, 1), layout="replicas").pages_in_flight("vllm") == 128
     assert EngineSettings(max_pages_in_flight=5).pages_in_flight("vllm") == 5
+
+
+def test_every_engine_start_uses_one_triton_cache_unless_the_admin_chose_one(monkeypatch, tmp_path):
+    # Unset, inductor moved Triton's cache into its temp folder on cold starts only, so the kernels
+    # vLLM's profile run compiled were never found by a warm start (80-97 s each on an H200).
+    import os
+
+    from chandrad.engine.vllm import set_spawn_environment
+
+    spec = plan(kind="vllm")[0]
+    monkeypatch.setattr(os, "environ", {"HOME": str(tmp_path), "TRITON_HOME": str(tmp_path / "th")})
+    set_spawn_environment(spec)
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "th" / ".triton" / "cache")
+    monkeypatch.setattr(os, "environ", {"TRITON_CACHE_DIR": "/var/cache/chandrad/triton"})  # the systemd unit's
+    set_spawn_environment(spec)
+    assert os.environ["TRITON_CACHE_DIR"] == "/var/cache/chandrad/triton"

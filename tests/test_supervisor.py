@@ -17,7 +17,7 @@ from PIL import Image
 from chandrad.config import EngineSettings
 from chandrad.engine.base import PageRequest, PageResult
 from chandrad.engine.replicas import ReplicaSet
-from chandrad.engine.supervisor import SupervisedEngine
+from chandrad.engine.supervisor import ReplicaDown, SupervisedEngine
 from chandrad.engine.vllm import EngineDied
 from chandrad.errors import PermanentError
 
@@ -184,3 +184,31 @@ async def test_a_page_that_crashes_every_replica_it_visits_fails_alone_and_only_
     assert isinstance(results[2], PermanentError) and "only page being read" in str(results[2])
     # The crash count follows the page between replicas: two crashes in company, then one alone.
     assert first.starts + second.starts == 2 + 3
+
+
+async def test_a_replica_recycles_only_while_the_other_replicas_are_up():
+    # On two H200s a planned recycle began while the other replica was restarting after a kill -9:
+    # both were down at once. The recycle must wait, and the waiting replica keep reading pages.
+    first, second = World(), World(restart_seconds=1.0)
+    settings = EngineSettings(kind="vllm", gpus=(0, 1), restart_backoff_seconds=0, health_check_seconds=3600,
+                              recycle_after_pages=3)
+    replicas = ReplicaSet([SupervisedEngine(lambda world=world: CrashingEngine(world), settings)
+                           for world in (first, second)])
+    await replicas.start()
+    try:
+        second.crash_once = True
+        with pytest.raises(ReplicaDown):
+            await replicas.replicas[1].ocr(PageRequest("doc", 1, PAGE))
+        assert replicas.replicas[1].state == "restarting"
+        results = await asyncio.gather(*(replicas.ocr(PageRequest("doc", n, PAGE)) for n in range(2, 7)))
+        assert all(isinstance(result, PageResult) for result in results)
+        await asyncio.sleep(0.3)
+        assert first.pages_read == 5 and first.starts == 1, "the recycle was due but the other replica was down"
+        assert replicas.replicas[0].state == "up"
+        for _ in range(100):
+            if replicas.recycles == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert replicas.replicas[1].state == "up" and replicas.recycles == 1 and first.starts == 2
+    finally:
+        await replicas.aclose()

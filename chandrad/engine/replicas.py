@@ -5,7 +5,7 @@ handling) and its own EngineCore on one GPU. Two replicas scale with the GPUs be
 shared above them but the daemon's event loop; vLLM's data-parallel mode instead feeds every GPU
 from one front end (bench/results, issue 7). Each replica restarts and recycles alone: while one
 reloads, the others keep reading pages — including those that were in flight on it when it died —
-and their planned recycles are staggered.
+and their planned recycles are staggered and wait until every other replica is up.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ class ReplicaSet:
         self._pages_at: list[int] = [0] * len(replicas)
         deaths: dict[tuple[str, int], int] = {}
         for index, replica in enumerate(replicas):
-            replica.join_replicas(lambda index=index: self.others_up(index), deaths)
+            replica.join_replicas(lambda index=index: self.others_up(index),
+                                  lambda index=index: self.all_others_up(index), deaths)
 
     # -- what the daemon reads ----------------------------------------------------------------
 
@@ -90,6 +91,10 @@ class ReplicaSet:
     def others_up(self, index: int) -> bool:
         """Whether a replica other than ``index`` can take pages now (its supervisor asks)."""
         return any(replica.state == "up" for i, replica in enumerate(self.replicas) if i != index)
+
+    def all_others_up(self, index: int) -> bool:
+        """Whether every replica but ``index`` is up: only then may ``index`` recycle."""
+        return all(replica.state == "up" for i, replica in enumerate(self.replicas) if i != index)
 
     async def ocr(self, request: PageRequest) -> PageResult:
         while True:

@@ -18,7 +18,9 @@ crash them in turn forever.
 
 Planned recycle (after ``recycle_after_pages`` pages, or when memory passes
 ``memory_watermark_gb``): new pages wait, pages in flight finish, then the engine process is
-restarted. Nothing is dropped.
+restarted. Nothing is dropped. A replica recycles only while every other replica is up: on the
+GPU, a replica's planned recycle began while the other was still restarting after a crash, and
+both were down at once (bench/results/gpu-2xh200-soak-rerun-*).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class SupervisedEngine:
         self._restart_lock = asyncio.Lock()
         self._suspect_lock = asyncio.Lock()
         self._others_up: Callable[[], bool] = lambda: False  # see join_replicas
+        self._all_others_up: Callable[[], bool] = lambda: True
         self._deaths: dict[tuple[str, int], int] = {}
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -98,10 +101,13 @@ class SupervisedEngine:
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    def join_replicas(self, others_up: Callable[[], bool], deaths: dict[tuple[str, int], int]) -> None:
+    def join_replicas(self, others_up: Callable[[], bool], all_others_up: Callable[[], bool],
+                      deaths: dict[tuple[str, int], int]) -> None:
         """Called by a ReplicaSet: while ``others_up()``, pages this engine cannot read now are handed
-        back (``ReplicaDown``); crashes a page witnessed are counted in ``deaths``, shared by all."""
+        back (``ReplicaDown``); a planned recycle waits for ``all_others_up()``; crashes a page
+        witnessed are counted in ``deaths``, shared by all."""
         self._others_up = others_up
+        self._all_others_up = all_others_up
         self._deaths = deaths
 
     def _spawn(self, coro: Any) -> None:
@@ -204,6 +210,10 @@ class SupervisedEngine:
             return
         self._recycling = True
         try:
+            if not self._all_others_up():
+                log.info("engine recycle waits for the other replicas to be up", reason=reason)
+            while not self._all_others_up() and not self._closed:
+                await asyncio.sleep(1.0)  # this replica reads pages meanwhile
             await self._restart(generation, reason, planned=True)
         finally:
             self._recycling = False
