@@ -113,7 +113,7 @@ def main() -> int:
     result: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "device": overhead.device_description(True), "gpus": len(gpus), "layout": a.layout,
-        "options": vars(a),
+        "options": vars(a), "git": overhead.git_state(),
     }
     sampler = MemorySampler(began)
 
