@@ -104,15 +104,19 @@ class EngineSettings(_Strict):
     page_timeout_seconds: float = Field(default=600.0, gt=0)
     tesseract_languages: str = "eng"
 
-    # -- vLLM (see DESIGN.md "Engine facts"; defaults are Chandra 2's serving settings) --
+    # -- vLLM (see DESIGN.md "Engine facts"; defaults are Chandra 2's serving settings but the two
+    # batch sizes, chosen from bench/NOTES-gpu.md's tuning table) --
     # A vLLM OpenAI-compatible server to use instead of an in-process engine.
     url: str | None = None
     api_key: str = "EMPTY"
     served_model_name: str | None = None
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_model_len: int = Field(default=18000, ge=256)
-    max_num_seqs: int = Field(default=96, ge=1)
-    max_num_batched_tokens: int | None = Field(default=8192, ge=256)
+    # Twice Chandra's serving settings (96 / 8192): on an H200 the raw engine read 3.81 pages/s at
+    # 192 against 3.22 at 96, and 384 added 4 % for twice the page latency (bench/NOTES-gpu.md §6).
+    # On a smaller GPU vLLM simply admits the sequences its KV cache holds.
+    max_num_seqs: int = Field(default=192, ge=1)
+    max_num_batched_tokens: int | None = Field(default=16384, ge=256)
     gpu_memory_utilization: float = Field(default=0.85, gt=0, le=0.98)
     # KV cache size in GiB instead of a share of GPU memory (required on CPU).
     kv_cache_memory_gb: float | None = Field(default=None, gt=0)
