@@ -138,6 +138,8 @@ class Daemon:
 
             self.notifier.stopping()
             log.info("stopping: no new documents are taken", in_flight=len(self.active))
+            if self.engine is not None:
+                self.engine.stopping()
             for task in [*self._watch_tasks.values(), *loops]:
                 task.cancel()
             for _ in workers:

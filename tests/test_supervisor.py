@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 import pytest
+import structlog.testing
 from PIL import Image
 
 from chandrad.config import EngineSettings
@@ -29,6 +30,7 @@ class World:
     poison: set[tuple[str, int]] = field(default_factory=set)
     crash_once: bool = False
     restart_seconds: float = 0.0
+    slow: set[tuple[str, int]] = field(default_factory=set)  # pages read in 0.5 s instead of 0.05
     starts: int = 0
     pages_read: int = 0
     concurrency_by_start: dict[int, int] = field(default_factory=dict)
@@ -58,7 +60,7 @@ class CrashingEngine:
         peak = self.world.concurrency_by_start
         peak[self.generation] = max(peak.get(self.generation, 0), len(self.reading))
         try:
-            for _ in range(5):
+            for _ in range(50 if key in self.world.slow else 5):
                 await asyncio.sleep(0.01)
                 if self.alive and (self.reading & self.world.poison or self.world.crash_once):
                     self.world.crash_once = False
@@ -212,3 +214,44 @@ async def test_a_replica_recycles_only_while_the_other_replicas_are_up():
         assert replicas.replicas[1].state == "up" and replicas.recycles == 1 and first.starts == 2
     finally:
         await replicas.aclose()
+
+
+async def test_no_planned_recycle_begins_once_the_daemon_is_stopping():
+    # On the GPU a recycle began a second after SIGTERM: the drain's last pages would have waited a
+    # whole engine start for an engine that is closed right after.
+    world = World()
+    settings = EngineSettings(kind="vllm", restart_backoff_seconds=0, health_check_seconds=3600,
+                              recycle_after_pages=2)
+    engine = SupervisedEngine(lambda: CrashingEngine(world), settings)
+    await engine.start()
+    try:
+        engine.stopping()
+        with structlog.testing.capture_logs() as events:
+            results = await asyncio.gather(*(engine.ocr(PageRequest("doc", n, PAGE)) for n in range(1, 7)))
+            await asyncio.sleep(0.2)
+        assert all(isinstance(result, PageResult) for result in results)
+        assert world.starts == 1 and engine.recycles == 0 and engine.state == "up"
+        assert not any(event["event"] == "engine recycling" for event in events), "no pause for pages either"
+    finally:
+        await engine.aclose()
+
+
+async def test_a_recycle_waiting_for_its_pages_when_the_stop_comes_leaves_the_engine_serving():
+    world = World(slow={("doc", 1)})
+    settings = EngineSettings(kind="vllm", restart_backoff_seconds=0, health_check_seconds=3600,
+                              recycle_after_pages=1)
+    engine = SupervisedEngine(lambda: CrashingEngine(world), settings)
+    await engine.start()
+    try:
+        slow = asyncio.ensure_future(engine.ocr(PageRequest("doc", 1, PAGE)))
+        await engine.ocr(PageRequest("doc", 2, PAGE))  # the recycle is due, page 1 still in flight
+        await asyncio.sleep(0.05)
+        assert engine.state == "restarting", "the recycle waits for page 1, new pages wait for it"
+        engine.stopping()
+        await slow
+        late = await asyncio.wait_for(engine.ocr(PageRequest("doc", 3, PAGE)), 5)
+        assert isinstance(late, PageResult)
+        await asyncio.sleep(0.2)
+        assert world.starts == 1 and engine.recycles == 0 and engine.state == "up"
+    finally:
+        await engine.aclose()

@@ -48,4 +48,7 @@ class Engine(Protocol):
 
     async def ocr(self, request: PageRequest) -> PageResult: ...
 
+    def stopping(self) -> None:
+        """The daemon is draining for a stop: begin no planned work of the engine's own (a recycle)."""
+
     async def aclose(self) -> None: ...

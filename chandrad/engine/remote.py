@@ -97,5 +97,8 @@ class RemoteEngine:
                 latency_s=time.monotonic() - started,
             )
 
+    def stopping(self) -> None:
+        return None
+
     async def aclose(self) -> None:
         await self._client.close()

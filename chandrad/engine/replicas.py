@@ -76,6 +76,10 @@ class ReplicaSet:
         self.model = self.replicas[0].model
         log.info("replicas up", replicas=len(self.replicas))
 
+    def stopping(self) -> None:
+        for replica in self.replicas:
+            replica.stopping()
+
     async def aclose(self) -> None:
         await asyncio.gather(*(replica.aclose() for replica in self.replicas), return_exceptions=True)
 

@@ -97,6 +97,7 @@ class SupervisedEngine:
         self._solo.set()
         self._pages_since_start = 0
         self._recycling = False
+        self._stopping = False
         self._monitor: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -140,6 +141,11 @@ class SupervisedEngine:
         self._ready.set()
         log.info("engine up", generation=self._generation, seconds=round(time.monotonic() - started, 1))
 
+    def stopping(self) -> None:
+        # A recycle begun now would hold the drain's last pages for a whole engine start (on the GPU
+        # one began a second after SIGTERM), only for the new engine to be closed.
+        self._stopping = True
+
     async def aclose(self) -> None:
         self._closed = True
         if self._monitor is not None:
@@ -160,6 +166,10 @@ class SupervisedEngine:
             if planned:
                 log.info("engine recycling", reason=reason, pages_in_flight=self._in_flight)
                 await self._idle.wait()  # pages in flight finish first
+                if self._stopping:  # the stop came while they finished: the old engine serves the drain
+                    self._ready.set()
+                    log.info("engine recycle skipped: chandrad is stopping", reason=reason)
+                    return
             old, self.engine = self.engine, None
             if old is not None:
                 await old.aclose()
@@ -212,8 +222,11 @@ class SupervisedEngine:
         try:
             if not self._all_others_up():
                 log.info("engine recycle waits for the other replicas to be up", reason=reason)
-            while not self._all_others_up() and not self._closed:
+            while not self._all_others_up() and not self._closed and not self._stopping:
                 await asyncio.sleep(1.0)  # this replica reads pages meanwhile
+            if self._stopping:
+                log.info("engine recycle skipped: chandrad is stopping", reason=reason)
+                return
             await self._restart(generation, reason, planned=True)
         finally:
             self._recycling = False

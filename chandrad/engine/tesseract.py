@@ -111,5 +111,8 @@ class TesseractEngine:
             latency_s=time.monotonic() - started,
         )
 
+    def stopping(self) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
