@@ -560,8 +560,8 @@ def free_port() -> int:
 
 
 def compile_cache_env(cache_root: str) -> dict[str, str]:
-    """vLLM's compile cache and Triton's kernel cache in one folder, as the systemd unit sets them
-    (its Triton cache beside its vLLM cache): a warm start then finds both."""
+    """vLLM's compile cache and, inside it, Triton's kernel cache: one fixed folder for each, as the
+    systemd unit sets them (there as siblings under chandrad's cache), so a warm start finds both."""
     return {"VLLM_CACHE_ROOT": cache_root, "TRITON_CACHE_DIR": os.path.join(cache_root, "triton")}
 
 

@@ -210,11 +210,16 @@ def main() -> int:
             buckets[int((stamp - drop_t) // 30)] = buckets.get(int((stamp - drop_t) // 30), 0) + 1
         result["published_per_30s"] = [buckets.get(i, 0) for i in range(max(buckets) + 1)] if buckets else []
         events = overhead.read_events(log_path)
+        # The engine's own events in full; the per-page ones (192 at a kill) only counted, so that
+        # they cannot crowd the restarts and recycles out of the list.
         result["engine_events"] = [
             {k: e.get(k) for k in ("event", "reason", "seconds", "generation", "restarts", "recycles", "timestamp")}
             for e in events if e.get("event") in ("engine recycling", "engine recycled", "engine restarted", "engine up",
-                                                 "engine died with the page in flight")
-        ][:60]
+                                                 "engine recycle waits for the other replicas to be up",
+                                                 "engine recycle skipped: chandrad is stopping")
+        ]
+        result["pages_witnessing_a_death"] = sum(e.get("event") == "engine died with the page in flight" for e in events)
+        result["pages_moved_to_another_replica"] = sum(e.get("event") == "page moved to another replica" for e in events)
         result["recycle_seconds"] = [e.get("seconds") for e in events if e.get("event") == "engine recycled"]
         result["restart_seconds"] = [e.get("seconds") for e in events if e.get("event") == "engine restarted"]
         result["log_errors"] = sorted({str(e.get("event")) for e in events if e.get("level") in ("error", "critical")})[:20]

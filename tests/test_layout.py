@@ -98,8 +98,8 @@ def test_pages_in_flight_default_follows_the_engine():
 
 
 def test_every_engine_start_uses_one_triton_cache_unless_the_admin_chose_one(monkeypatch, tmp_path):
-    # Unset, inductor moved Triton's cache into its temp folder on cold starts only, so the kernels
-    # vLLM's profile run compiled were never found by a warm start (80-97 s each on an H200).
+    # Unset, inductor moved Triton's cache under its own on cold starts only, so the kernels vLLM's
+    # profile run compiled were missing at the first warm start after a cold one (80-97 s on an H200).
     import os
 
     from chandrad.engine.vllm import set_spawn_environment

@@ -166,10 +166,17 @@ class SupervisedEngine:
             if planned:
                 log.info("engine recycling", reason=reason, pages_in_flight=self._in_flight)
                 await self._idle.wait()  # pages in flight finish first
-                if self._stopping:  # the stop came while they finished: the old engine serves the drain
-                    self._ready.set()
-                    log.info("engine recycle skipped: chandrad is stopping", reason=reason)
-                    return
+                if self._stopping and self.engine is not None:
+                    # The stop came while they finished: the old engine serves the drain, if it is
+                    # alive (a death meanwhile has its own restart waiting for this lock).
+                    try:
+                        await self.engine.check_health()
+                    except EngineDied:
+                        pass
+                    else:
+                        self._ready.set()
+                        log.info("engine recycle skipped: chandrad is stopping", reason=reason)
+                        return
             old, self.engine = self.engine, None
             if old is not None:
                 await old.aclose()
@@ -212,7 +219,7 @@ class SupervisedEngine:
                 used = gpu_memory_used_bytes(tuple(self.settings.gpus))
                 if used is None:
                     used = rss_bytes(engine.engine_pids())
-                if used > watermark * 2**30:
+                if used > watermark * 2**30 and not self._stopping:
                     self._spawn(self._recycle(generation, f"memory {used / 2**30:.1f} GiB > {watermark} GiB"))
 
     async def _recycle(self, generation: int, reason: str) -> None:
@@ -297,6 +304,7 @@ class SupervisedEngine:
             self._deaths.pop(key, None)
             self._pages_since_start += 1
             recycle_after = self.settings.recycle_after_pages
-            if recycle_after is not None and self._pages_since_start >= recycle_after and not self._recycling:
+            if (recycle_after is not None and self._pages_since_start >= recycle_after and not self._recycling
+                    and not self._stopping):
                 self._spawn(self._recycle(generation, f"planned after {self._pages_since_start} pages"))
             return result

@@ -440,12 +440,14 @@ def _has_cuda_devices() -> bool:
 def set_spawn_environment(spec: EngineSpec) -> None:
     """What the EngineCore child of ``spec`` inherits when it is spawned: its GPUs and allocator."""
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    # One Triton cache for every start. Left unset, torch's inductor points it into its own temp
-    # folder when it compiles (a cold start) and Triton's default is used when the compiled graph
-    # is loaded (a warm start): the GDN kernels JIT-compiled and autotuned during vLLM's profile
-    # run then never hit, and every warm start, restart and recycle paid them again (80-97 s on
-    # an H200, bench/NOTES-gpu.md "Engine start"). The systemd units set it under chandrad's cache.
-    os.environ.setdefault("TRITON_CACHE_DIR", str(triton_default_cache_dir()))
+    # One Triton cache for every start. Left unset, torch's inductor points it at a folder under its
+    # own cache when it compiles (a cold start), while a warm start, which loads the compiled graph,
+    # uses Triton's default folder: the GDN kernels that vLLM's profile run JIT-compiles and
+    # autotunes were then missing at the first warm start after a cold one (a restart, a recycle,
+    # the next daemon start), which paid them again: 80-97 s on an H200 (bench/NOTES-gpu.md
+    # "Engine start"). The systemd units set it under chandrad's cache directory.
+    if "TRITON_CACHE_DIR" not in os.environ:
+        os.environ["TRITON_CACHE_DIR"] = str(triton_default_cache_dir())
     if _has_cuda_devices():
         os.environ.update(spec.env)
         # engine.gpus are the indices nvidia-smi and NVML show (PCI order), not CUDA's own order.

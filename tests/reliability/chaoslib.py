@@ -291,6 +291,9 @@ class DrawingEngine:
     async def ocr(self, request: PageRequest) -> PageResult:
         return PageResult(html=FIGURE_HTML)
 
+    def stopping(self) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 
