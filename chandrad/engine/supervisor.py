@@ -219,13 +219,17 @@ class SupervisedEngine:
                 used = gpu_memory_used_bytes(tuple(self.settings.gpus))
                 if used is None:
                     used = rss_bytes(engine.engine_pids())
-                if used > watermark * 2**30 and not self._stopping:
-                    self._spawn(self._recycle(generation, f"memory {used / 2**30:.1f} GiB > {watermark} GiB"))
+                if used > watermark * 2**30:
+                    self._request_recycle(generation, f"memory {used / 2**30:.1f} GiB > {watermark} GiB")
+
+    def _request_recycle(self, generation: int, reason: str) -> None:
+        """Start a planned recycle unless one is under way or chandrad is stopping (asked per page)."""
+        if self._recycling or self._stopping:
+            return
+        self._recycling = True  # now, not when the task first runs: the next page asks again at once
+        self._spawn(self._recycle(generation, reason))
 
     async def _recycle(self, generation: int, reason: str) -> None:
-        if self._recycling:
-            return
-        self._recycling = True
         try:
             if not self._all_others_up():
                 log.info("engine recycle waits for the other replicas to be up", reason=reason)
@@ -304,7 +308,6 @@ class SupervisedEngine:
             self._deaths.pop(key, None)
             self._pages_since_start += 1
             recycle_after = self.settings.recycle_after_pages
-            if (recycle_after is not None and self._pages_since_start >= recycle_after and not self._recycling
-                    and not self._stopping):
-                self._spawn(self._recycle(generation, f"planned after {self._pages_since_start} pages"))
+            if recycle_after is not None and self._pages_since_start >= recycle_after:
+                self._request_recycle(generation, f"planned after {self._pages_since_start} pages")
             return result
