@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -79,7 +80,8 @@ class Daemon:
             loop.add_signal_handler(signum, handler, signum)
         try:
             await self.startup()
-            await self.main_loop()
+            if self.started:
+                await self.main_loop()
         finally:
             await self.shutdown()
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -103,7 +105,12 @@ class Daemon:
         self.notifier.status(f"loading the {self.engine.name} engine ({self.engine.model})")
         keep_systemd_waiting = asyncio.create_task(self._extend_start_timeout())
         try:
-            await self.engine.start()
+            # A stop while the engine loads ends the load: it may have minutes to go (a cold start on
+            # a GPU), more than systemd's TimeoutStopSec.
+            if not await self._unless_stopped(self.engine.start()):
+                self.notifier.stopping()
+                log.info("stopped while the engine was loading", seconds=round(time.monotonic() - started, 1))
+                return
         finally:
             keep_systemd_waiting.cancel()
         log.info("engine ready", engine=self.engine.name, model=self.engine.model,
@@ -113,6 +120,22 @@ class Daemon:
         for doc_id in await self.pipeline.recover():
             self._enqueue(doc_id)
         self.started = True
+
+    async def _unless_stopped(self, work: Coroutine[Any, Any, None]) -> bool:
+        """Run ``work`` unless a stop signal comes first, which cancels it: whether it ran to the end."""
+        task = asyncio.create_task(work)
+        stop_asked = asyncio.create_task(self.should_exit.wait())
+        try:
+            await asyncio.wait({task, stop_asked}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop_asked.cancel()
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if task.cancelled():
+            return False
+        task.result()  # its error, if it failed
+        return True
 
     async def main_loop(self) -> None:
         async with asyncio.TaskGroup() as group:

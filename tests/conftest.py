@@ -61,13 +61,15 @@ class DaemonProcess:
         )
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, env: dict[str, str] | None = None) -> DaemonProcess:
+    def start(self, env: dict[str, str] | None = None, wait_until_watching: bool = True) -> DaemonProcess:
         log = open(self.log_path, "ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "chandrad", "run", "--config", str(self.config)],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root,
         )
+        if not wait_until_watching:
+            return self
         wait_for(lambda: any(e.get("event") == "watching inbox" for e in self.events()) or self._died(),
                  60, "the daemon to start watching")
         assert self.alive, f"daemon exited at start:\n{self.log_path.read_text()[-3000:]}"

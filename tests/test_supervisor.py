@@ -32,6 +32,7 @@ class World:
     restart_seconds: float = 0.0
     slow: set[tuple[str, int]] = field(default_factory=set)  # pages read in 0.5 s instead of 0.05
     starts: int = 0
+    abandoned_starts: int = 0  # starts cancelled midway that had cleaned up after themselves
     pages_read: int = 0
     concurrency_by_start: dict[int, int] = field(default_factory=dict)
 
@@ -52,7 +53,13 @@ class CrashingEngine:
         self.world.starts += 1
         self.generation = self.world.starts
         if self.generation > 1:
-            await asyncio.sleep(self.world.restart_seconds)
+            try:
+                await asyncio.sleep(self.world.restart_seconds)
+            except asyncio.CancelledError:
+                # Like VllmEngine.start: ending a load nobody wants takes a moment (ending its process).
+                await asyncio.sleep(0.05)
+                self.world.abandoned_starts += 1
+                raise
 
     async def ocr(self, request: PageRequest) -> PageResult:
         key = (request.doc_id, request.page_no)
@@ -256,3 +263,21 @@ async def test_a_recycle_waiting_for_its_pages_when_the_stop_comes_leaves_the_en
         assert world.starts == 1 and engine.recycles == 0 and engine.state == "up"
     finally:
         await engine.aclose()
+
+
+async def test_closing_during_a_recycles_engine_start_ends_that_start_before_it_returns():
+    # On the GPU a stop during a recycle's engine start logged "chandrad stopped" and then loaded
+    # the new engine for 30 s more: closing must end the start, and only then return.
+    world = World(restart_seconds=3600)
+    settings = EngineSettings(kind="vllm", restart_backoff_seconds=0, health_check_seconds=3600,
+                              recycle_after_pages=1)
+    engine = SupervisedEngine(lambda: CrashingEngine(world), settings)
+    await engine.start()
+    await engine.ocr(PageRequest("doc", 1, PAGE))  # the recycle is due: the new engine starts
+    for _ in range(100):
+        if world.starts == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert world.starts == 2 and engine.state == "restarting"
+    await engine.aclose()
+    assert world.abandoned_starts == 1, "aclose returned while the recycle's engine start was still running"

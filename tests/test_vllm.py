@@ -283,6 +283,35 @@ def test_planned_recycle_after_n_pages_loses_nothing(daemon_factory, tiny_model)
     assert len(page_events(daemon)) == 7, "every page exactly once"
 
 
+def test_a_stop_while_the_engine_loads_ends_the_load_instead_of_waiting_for_it(daemon_factory, tiny_model):
+    # A cold start on a GPU takes minutes, longer than systemd's TimeoutStopSec allows a stop.
+    daemon = daemon_factory(engine_config=engine_toml(tiny_model)).start(wait_until_watching=False)
+    cores = wait_for(lambda: engine_core_pids(daemon.proc.pid), 60, "the EngineCore to be spawned")
+    assert daemon.stop() == 0
+    events = [e.get("event") for e in daemon.events()]
+    assert "stopped while the engine was loading" in events
+    assert "vllm engine started" not in events, "the load ran to its end after the stop"
+    assert events[-1] == "chandrad stopped"
+    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in cores), 10, "the EngineCore to be gone")
+
+
+def test_a_stop_during_a_recycles_engine_start_ends_that_start_before_chandrad_stops(daemon_factory, tiny_model):
+    # On the GPU the daemon logged "chandrad stopped" and then loaded the recycle's new engine for
+    # 30 s more, an engine nothing would use.
+    daemon = daemon_factory(engine_config=engine_toml(tiny_model, recycle_after_pages=1)).start()
+    first_cores = engine_core_pids(daemon.proc.pid)
+    drop(corpus_file("trivial.pdf"), daemon.inbox)
+    new_cores = wait_for(lambda: set(engine_core_pids(daemon.proc.pid)) - set(first_cores), 120,
+                         "the recycle's new EngineCore")
+    assert daemon.stop() == 0
+    assert daemon.states() == {"trivial.pdf": "published"}
+    events = [e.get("event") for e in daemon.events()]
+    after_recycle = events[events.index("engine recycling"):]
+    assert "vllm engine started" not in after_recycle, "the new engine finished loading after the stop"
+    assert events[-1] == "chandrad stopped"
+    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in new_cores), 10, "the new EngineCore to be gone")
+
+
 def test_a_page_that_does_not_fit_fails_alone_and_the_daemon_keeps_going(daemon_factory, tiny_model, tmp_path):
     daemon = daemon_factory(
         engine_config=engine_toml(tiny_model, max_model_len=TIGHT_MAX_MODEL_LEN, max_num_batched_tokens=2048),

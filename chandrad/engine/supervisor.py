@@ -148,10 +148,12 @@ class SupervisedEngine:
 
     async def aclose(self) -> None:
         self._closed = True
-        if self._monitor is not None:
-            self._monitor.cancel()
-        for task in list(self._background):
+        tasks = [task for task in (self._monitor, *self._background) if task is not None]
+        for task in tasks:
             task.cancel()
+        # A restart or recycle cancelled in the middle of an engine start ends that start (see
+        # VllmEngine.start): awaited, so that "chandrad stopped" comes after it, not before.
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.engine is not None:
             await self.engine.aclose()
             self.engine = None

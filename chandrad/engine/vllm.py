@@ -17,6 +17,7 @@ import asyncio
 import inspect
 import os
 import shutil
+import signal
 import threading
 import time
 import uuid
@@ -131,6 +132,7 @@ class VllmEngine:
         self._ec_names: dict[str, set[str]] = {}  # encoder-split: a page's id → its rendered image hashes
         self._instances: list[_Instance] = []
         self._encoders: list[_Instance] = []
+        self._loading_cores: dict[str, list[int]] = {}  # while start() runs: engine name → its EngineCore
         self.vllm_version = ""
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -140,27 +142,36 @@ class VllmEngine:
 
         self.vllm_version = vllm.__version__
         self.stats = EngineStats()
-        loading: list[asyncio.Task[_Instance]] = []
+        loading: dict[str, asyncio.Task[_Instance]] = {}
         try:
             for spec in self.specs:
-                loading.append(await self._spawn(spec))
-            for spec, task in zip(self.specs, loading):
-                instance = await task
+                await self._spawn(spec, loading)
+            for spec in self.specs:
+                # Shielded: cancelling start() must not cancel the load's task, whose thread would
+                # load on unwatched (see below).
+                instance = await asyncio.shield(loading[spec.name])
                 (self._encoders if spec.role == "encoder" else self._instances).append(instance)
             await self._warm_up()
         except BaseException:
-            # A thread still loading an engine cannot be cancelled: shut that engine down once it is up.
-            for task in loading:
+            # A stop, a start timeout or a sibling's failure: nobody wants the engines still loading.
+            # Their threads cannot be cancelled, and a load runs on for minutes (on the GPU a stop
+            # during a recycle kept chandrad 30 s past "chandrad stopped"); ending an EngineCore ends
+            # its load at once (vLLM's start-up wait watches the process and raises). Whatever still
+            # finishes loading is shut down once it is up.
+            for name, task in loading.items():
                 if not task.done():
+                    end_process_tree(self._loading_cores.get(name, []))
                     task.add_done_callback(_shut_down_when_loaded)
                 elif not task.cancelled() and task.exception() is None:
                     if task.result() not in (*self._instances, *self._encoders):
                         self._instances.append(task.result())
             await self.aclose()
             raise
+        finally:
+            self._loading_cores.clear()
 
-    async def _spawn(self, spec: EngineSpec) -> asyncio.Task[_Instance]:
-        """Start loading one engine; return once its EngineCore process exists.
+    async def _spawn(self, spec: EngineSpec, loading: dict[str, asyncio.Task[_Instance]]) -> None:
+        """Start loading one engine into ``loading``; return once its EngineCore process exists.
 
         The EngineCore child takes CUDA_VISIBLE_DEVICES from this process's environment when it is
         spawned, so engines are spawned one at a time, each with its own GPUs set, and then load
@@ -169,16 +180,18 @@ class VllmEngine:
         async with self.spawn_gate:
             set_spawn_environment(spec)
             before = set(_spawned_children())
-            task = asyncio.create_task(asyncio.to_thread(self._create, spec), name=f"load-{spec.name}")
+            task = loading[spec.name] = asyncio.create_task(asyncio.to_thread(self._create, spec),
+                                                             name=f"load-{spec.name}")
             deadline = time.monotonic() + SPAWN_WAIT_SECONDS
             # Without a child process (CPU build, in-process engine) this waits for the whole load.
             while not task.done() and time.monotonic() < deadline:
-                if set(_spawned_children()) - before:
+                spawned = set(_spawned_children()) - before
+                if spawned:
+                    self._loading_cores[spec.name] = sorted(spawned)
                     break
                 await asyncio.sleep(0.2)
             if not task.done() and time.monotonic() >= deadline:
                 await asyncio.shield(task)
-        return task
 
     def _create(self, spec: EngineSpec) -> _Instance:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -419,6 +432,17 @@ def _scaled_rgb(image: Image.Image) -> Image.Image:
 def _shut_down_when_loaded(task: asyncio.Task[_Instance]) -> None:
     if not task.cancelled() and task.exception() is None:
         threading.Thread(target=_shutdown_quietly, args=(task.result().llm,), daemon=True).start()
+
+
+def end_process_tree(pids: list[int]) -> None:
+    """SIGKILL each of ``pids`` and its descendants (an engine load nobody waits for: nothing to save,
+    and the driver frees a dead process's GPU memory)."""
+    for pid in pids:
+        for victim in [*descendant_pids(pid), pid]:
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
 
 
 def _shutdown_quietly(llm: Any) -> None:
