@@ -132,10 +132,14 @@ class Daemon:
             if not task.done():
                 task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        if task.cancelled():
-            return False
-        task.result()  # its error, if it failed
-        return True
+        if not task.cancelled() and task.exception() is None:
+            return True
+        if not self.should_exit.is_set():
+            task.result()  # its error: it failed on its own
+        if not task.cancelled():
+            # The error of a start ended by the stop (or failing as the stop came) is no start-up failure.
+            log.info("the engine start ended with an error after the stop", error=str(task.exception()))
+        return False
 
     async def main_loop(self) -> None:
         async with asyncio.TaskGroup() as group:

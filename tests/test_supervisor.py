@@ -281,3 +281,21 @@ async def test_closing_during_a_recycles_engine_start_ends_that_start_before_it_
     assert world.starts == 2 and engine.state == "restarting"
     await engine.aclose()
     assert world.abandoned_starts == 1, "aclose returned while the recycle's engine start was still running"
+
+
+async def test_a_replica_that_fails_to_start_ends_the_other_replicas_loads_instead_of_waiting_for_them():
+    # A replica's load takes minutes on a GPU; with one replica failed the daemon cannot start anyway.
+    class FailsToStart(CrashingEngine):
+        async def start(self) -> None:
+            raise RuntimeError("CUDA out of memory (stand-in)")
+
+    world = World(restart_seconds=3600)
+    world.starts = 1  # every start of this world's engines is a slow one (see CrashingEngine.start)
+    settings = EngineSettings(kind="vllm", restart_backoff_seconds=0, health_check_seconds=3600)
+    replicas = ReplicaSet([
+        SupervisedEngine(lambda: CrashingEngine(world), settings),
+        SupervisedEngine(lambda: FailsToStart(world), settings),
+    ])
+    with pytest.raises(RuntimeError, match="out of memory"):
+        await asyncio.wait_for(replicas.start(), 10)
+    assert world.abandoned_starts == 1, "the slow replica's load was ended, not waited for"

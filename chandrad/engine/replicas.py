@@ -67,12 +67,21 @@ class ReplicaSet:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """All replicas load side by side; ready when every one has answered its warm-up."""
-        results = await asyncio.gather(*(replica.start() for replica in self.replicas), return_exceptions=True)
-        failures = [result for result in results if isinstance(result, BaseException)]
+        """All replicas load side by side; ready when every one has answered its warm-up. The first
+        that fails to start ends the others' loads (minutes each on a GPU) instead of waiting for them."""
+        starts = [asyncio.create_task(replica.start(), name=f"start-replica-{index}")
+                  for index, replica in enumerate(self.replicas)]
+        try:
+            await asyncio.wait(starts, return_when=asyncio.FIRST_EXCEPTION)
+        except BaseException:  # a stop while loading
+            await _cancel_all(starts)
+            raise
+        failures = [task.exception() for task in starts
+                    if task.done() and not task.cancelled() and task.exception() is not None]
         if failures:
+            await _cancel_all(starts)
             await self.aclose()
-            raise failures[0]
+            raise failures[0]  # type: ignore[misc]
         self.model = self.replicas[0].model
         log.info("replicas up", replicas=len(self.replicas))
 
@@ -111,3 +120,9 @@ class ReplicaSet:
                          replica_down=index)
             finally:
                 self._pages_at[index] -= 1
+
+
+async def _cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

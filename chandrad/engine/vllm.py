@@ -254,12 +254,7 @@ class VllmEngine:
 
     def engine_pids(self) -> list[int]:
         """Process ids of the EngineCore children (for memory watermarks)."""
-        pids = []
-        for child in descendant_pids(os.getpid()):
-            title = process_cmdline(child)
-            if "EngineCore" in title or "VLLM" in title:
-                pids.append(child)
-        return pids
+        return [child for child in descendant_pids(os.getpid()) if is_vllm_process(child)]
 
     # -- pages ---------------------------------------------------------------------------------
 
@@ -435,13 +430,16 @@ def _shut_down_when_loaded(task: asyncio.Task[_Instance]) -> None:
 
 
 def end_process_tree(pids: list[int]) -> None:
-    """SIGKILL each of ``pids`` and its descendants (an engine load nobody waits for: nothing to save,
-    and the driver frees a dead process's GPU memory)."""
+    """SIGKILL each of ``pids`` that is still this process's vLLM child, and its descendants (an
+    engine load nobody waits for: nothing to save, and the driver frees a dead process's GPU memory).
+    A pid that has meanwhile exited and been reused by anything else is left alone."""
     for pid in pids:
+        if parent_pid(pid) != os.getpid() or not is_vllm_process(pid):
+            continue
         for victim in [*descendant_pids(pid), pid]:
             try:
                 os.kill(victim, signal.SIGKILL)
-            except ProcessLookupError:
+            except OSError:
                 continue
 
 
@@ -493,10 +491,37 @@ def _spawned_children() -> list[int]:
     Direct only: an engine already loading may spawn processes of its own (workers, compilers),
     which must not be taken for the next engine's EngineCore.
     """
-    return [
-        pid for pid in descendant_pids(os.getpid(), depth=1)
-        if any(mark in process_cmdline(pid) for mark in ("spawn_main", "VLLM", "EngineCore"))
-    ]
+    return [pid for pid in descendant_pids(os.getpid(), depth=1) if is_vllm_process(pid)]
+
+
+def is_vllm_process(pid: int) -> bool:
+    """Whether ``pid`` runs vLLM (its processes retitle themselves "VLLM::EngineCore", "VLLM::Worker"…)
+    or is a multiprocessing child about to. Judged by the program, never by its arguments: the
+    pdftoppm or gs this process runs meanwhile may have a file called EngineCore.pdf to read."""
+    argv = process_argv(pid)
+    if not argv:
+        return False
+    if argv[0].startswith("VLLM") or "EngineCore" in argv[0]:
+        return True
+    return "-c" in argv and any(arg.startswith("from multiprocessing.spawn import spawn_main") for arg in argv)
+
+
+def parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            # "pid (comm) state ppid …": comm may hold spaces and parentheses, so split after the last ")".
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_argv(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return []
+    return [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
 
 
 def descendant_pids(pid: int, depth: int | None = None) -> list[int]:
