@@ -20,6 +20,7 @@ import structlog
 
 from chandrad.config import Settings, load_settings, prepare_folders
 from chandrad.engine import Engine, create_engine
+from chandrad.engine.processes import end_engines_left_behind
 from chandrad.engine.supervisor import gpu_memory_used_bytes
 from chandrad.errors import ConfigError
 from chandrad.journal import Journal
@@ -99,6 +100,10 @@ class Daemon:
                     f"cannot serve metrics on {self.settings.metrics_address}: {error.strerror}; "
                     f"change metrics_address (or set it to \"\" to turn metrics off)"
                 ) from None
+        left_behind = end_engines_left_behind(self.settings.state_dir)
+        if left_behind:
+            log.warning("ended vLLM engine processes that a chandrad killed earlier had left running (they "
+                        "held GPU memory the new engines need)", pids=left_behind)
         if self.engine is None:
             self.engine = create_engine(self.settings.engine, self.settings.state_dir)
         started = time.monotonic()

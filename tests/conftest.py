@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,6 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from chandrad.engine.processes import descendant_pids
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO.parent / "shared" / "corpus"
@@ -99,8 +102,15 @@ class DaemonProcess:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
 
-    def kill9(self) -> None:
+    def kill9(self, leave_children: bool = False) -> None:
+        """SIGKILL the daemon and its children, as systemd ends a unit's cgroup; with
+        ``leave_children``, the daemon alone, as a crash of a daemon started by hand does."""
         assert self.proc is not None
+        if not leave_children:
+            # Children first, while the daemon lives: their pids cannot have been reused yet.
+            for pid in descendant_pids(self.proc.pid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
 

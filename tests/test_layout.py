@@ -111,32 +111,3 @@ def test_every_engine_start_uses_one_triton_cache_unless_the_admin_chose_one(mon
     monkeypatch.setattr(os, "environ", {"TRITON_CACHE_DIR": "/var/cache/chandrad/triton"})  # the systemd unit's
     set_spawn_environment(spec)
     assert os.environ["TRITON_CACHE_DIR"] == "/var/cache/chandrad/triton"
-
-
-def test_an_abandoned_engine_start_ends_only_a_vllm_child_never_a_tool_named_like_one(tmp_path):
-    # Ending a load nobody waits for SIGKILLs the EngineCore it spawned; the pdftoppm or gs running
-    # meanwhile may read a file called EngineCore.pdf in an inbox called VLLM, and must live.
-    import multiprocessing
-    import subprocess
-    import sys
-    import time
-
-    from chandrad.engine.vllm import end_process_tree, is_vllm_process
-
-    tool = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
-                             str(tmp_path / "VLLM" / "EngineCore.pdf"), "spawn_main"])
-    child = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
-    child.start()
-    try:
-        assert not is_vllm_process(tool.pid)
-        assert is_vllm_process(child.pid), "a multiprocessing child about to become an EngineCore"
-        end_process_tree([tool.pid, child.pid])
-        child.join(10)
-        assert child.exitcode == -9
-        assert tool.poll() is None, "the tool was killed"
-        end_process_tree([999_999_999])  # long gone: nothing to do, no error
-    finally:
-        tool.kill()
-        tool.wait()
-        if child.is_alive():
-            child.kill()

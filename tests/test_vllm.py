@@ -7,6 +7,7 @@ bounds, never reading quality. The daemon tests run ``chandrad run`` as a child 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -23,7 +24,8 @@ from PIL import Image
 from chandrad.config import EngineSettings
 from chandrad.engine.base import PageRequest
 from chandrad.engine.layout import EC_LOADED_LINE, ec_loads_logging_config
-from chandrad.engine.vllm import VllmEngine, descendant_pids, process_cmdline
+from chandrad.engine.processes import descendant_pids, process_cmdline, process_start_time, running
+from chandrad.engine.vllm import VllmEngine
 from chandrad.errors import PermanentError
 from tests.conftest import REPO, corpus_file, drop, wait_for
 
@@ -310,6 +312,31 @@ def test_a_stop_during_a_recycles_engine_start_ends_that_start_before_chandrad_s
     assert "vllm engine started" not in after_recycle, "the new engine finished loading after the stop"
     assert events[-1] == "chandrad stopped"
     wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in new_cores), 10, "the new EngineCore to be gone")
+
+
+def test_engines_left_running_by_a_killed_chandrad_are_ended_by_the_next_start(daemon_factory, tiny_model):
+    # Under systemd the unit's cgroup ends with it; a daemon started by hand (make run) leaves its
+    # EngineCore running, holding the GPU memory the next start needs.
+    first = daemon_factory(engine_config=engine_toml(tiny_model)).start()
+    cores = engine_core_pids(first.proc.pid)
+    assert cores
+    started = {pid: process_start_time(pid) for pid in cores}
+    first.kill9(leave_children=True)
+    try:
+        assert all(running(pid) for pid in cores), "vLLM's EngineCore outlives its parent"
+        second = daemon_factory(engine_config=engine_toml(tiny_model))
+        second.log_path = second.root / "second-daemon.log"  # its own events, not the first one's
+        second.start()
+        ended = [e for e in second.events() if e.get("event", "").startswith("ended vLLM engine processes")]
+        assert ended and ended[0]["pids"] == cores
+        wait_for(lambda: not any(running(pid) for pid in cores), 10, "the old EngineCore to be gone")
+        assert engine_core_pids(second.proc.pid), "the new daemon's own engine runs"
+        assert second.stop() == 0
+    finally:
+        for pid in cores:  # not left behind by this test, whatever happened (and only if it is that process)
+            if process_start_time(pid) == started[pid]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def test_a_page_that_does_not_fit_fails_alone_and_the_daemon_keeps_going(daemon_factory, tiny_model, tmp_path):

@@ -34,7 +34,8 @@ import structlog
 
 from chandrad.config import EngineSettings
 from chandrad.engine.base import PageRequest, PageResult
-from chandrad.engine.vllm import EngineDied, rss_bytes
+from chandrad.engine.processes import rss_bytes
+from chandrad.engine.vllm import EngineDied
 from chandrad.errors import PermanentError
 
 log = structlog.get_logger("chandrad.engine.supervisor")

@@ -17,7 +17,6 @@ import asyncio
 import inspect
 import os
 import shutil
-import signal
 import threading
 import time
 import uuid
@@ -34,6 +33,14 @@ from PIL import Image
 from chandrad.config import EngineSettings
 from chandrad.engine.base import PageRequest, PageResult
 from chandrad.engine.layout import EngineSpec, plan_engines
+from chandrad.engine.processes import (  # descendant_pids, process_cmdline: bench/overhead.py imports them from here
+    descendant_pids,
+    end_process_tree,
+    is_vllm_process,
+    process_cmdline,  # noqa: F401
+    record_engine_process,
+    spawned_children,
+)
 from chandrad.errors import PermanentError, TransientError
 
 log = structlog.get_logger("chandrad.engine.vllm")
@@ -179,15 +186,21 @@ class VllmEngine:
         """
         async with self.spawn_gate:
             set_spawn_environment(spec)
-            before = set(_spawned_children())
+            before = set(spawned_children())
             task = loading[spec.name] = asyncio.create_task(asyncio.to_thread(self._create, spec),
                                                              name=f"load-{spec.name}")
             deadline = time.monotonic() + SPAWN_WAIT_SECONDS
             # Without a child process (CPU build, in-process engine) this waits for the whole load.
             while not task.done() and time.monotonic() < deadline:
-                spawned = set(_spawned_children()) - before
+                spawned = set(spawned_children()) - before
                 if spawned:
                     self._loading_cores[spec.name] = sorted(spawned)
+                    for pid in spawned:
+                        try:
+                            record_engine_process(self.state_dir, pid)
+                        except OSError as error:  # e.g. a state_dir this user cannot write
+                            log.warning("cannot record the engine process: if chandrad is killed, end it by "
+                                        "hand", pid=pid, error=str(error))
                     break
                 await asyncio.sleep(0.2)
             if not task.done() and time.monotonic() >= deadline:
@@ -429,20 +442,6 @@ def _shut_down_when_loaded(task: asyncio.Task[_Instance]) -> None:
         threading.Thread(target=_shutdown_quietly, args=(task.result().llm,), daemon=True).start()
 
 
-def end_process_tree(pids: list[int]) -> None:
-    """SIGKILL each of ``pids`` that is still this process's vLLM child, and its descendants (an
-    engine load nobody waits for: nothing to save, and the driver frees a dead process's GPU memory).
-    A pid that has meanwhile exited and been reused by anything else is left alone."""
-    for pid in pids:
-        if parent_pid(pid) != os.getpid() or not is_vllm_process(pid):
-            continue
-        for victim in [*descendant_pids(pid), pid]:
-            try:
-                os.kill(victim, signal.SIGKILL)
-            except OSError:
-                continue
-
-
 def _shutdown_quietly(llm: Any) -> None:
     try:
         llm.shutdown()
@@ -483,81 +482,3 @@ def set_spawn_environment(spec: EngineSpec) -> None:
 def triton_default_cache_dir() -> Path:
     """Where Triton itself caches kernels when nothing redirects it ($TRITON_HOME or ~, .triton/cache)."""
     return Path(os.environ.get("TRITON_HOME") or Path.home()) / ".triton" / "cache"
-
-
-def _spawned_children() -> list[int]:
-    """Direct children of this process that multiprocessing spawned or vLLM named (EngineCore).
-
-    Direct only: an engine already loading may spawn processes of its own (workers, compilers),
-    which must not be taken for the next engine's EngineCore.
-    """
-    return [pid for pid in descendant_pids(os.getpid(), depth=1) if is_vllm_process(pid)]
-
-
-def is_vllm_process(pid: int) -> bool:
-    """Whether ``pid`` runs vLLM (its processes retitle themselves "VLLM::EngineCore", "VLLM::Worker"…)
-    or is a multiprocessing child about to. Judged by the program, never by its arguments: the
-    pdftoppm or gs this process runs meanwhile may have a file called EngineCore.pdf to read."""
-    argv = process_argv(pid)
-    if not argv:
-        return False
-    if argv[0].startswith("VLLM") or "EngineCore" in argv[0]:
-        return True
-    return "-c" in argv and any(arg.startswith("from multiprocessing.spawn import spawn_main") for arg in argv)
-
-
-def parent_pid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            # "pid (comm) state ppid …": comm may hold spaces and parentheses, so split after the last ")".
-            return int(handle.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def process_argv(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return []
-    return [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
-
-
-def descendant_pids(pid: int, depth: int | None = None) -> list[int]:
-    """Descendants of ``pid`` (all, or ``depth`` generations), from /proc; no psutil needed."""
-    found: list[int] = []
-    if depth is not None and depth < 1:
-        return found
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as handle:
-                for child in handle.read().split():
-                    found.append(int(child))
-                    found.extend(descendant_pids(int(child), None if depth is None else depth - 1))
-        except OSError:
-            continue
-    return found
-
-
-def process_cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def rss_bytes(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/statm") as handle:
-                total += int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
