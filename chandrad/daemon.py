@@ -100,7 +100,7 @@ class Daemon:
                     f"cannot serve metrics on {self.settings.metrics_address}: {error.strerror}; "
                     f"change metrics_address (or set it to \"\" to turn metrics off)"
                 ) from None
-        left_behind = end_engines_left_behind(self.settings.state_dir)
+        left_behind = await asyncio.to_thread(end_engines_left_behind, self.settings.state_dir)  # waits for them
         if left_behind:
             log.warning("ended vLLM engine processes that a chandrad killed earlier had left running (they "
                         "held GPU memory the new engines need)", pids=left_behind)
