@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from chandrad.engine.processes import descendant_pids
+from chandrad.engine.processes import kill_tree
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO.parent / "shared" / "corpus"
@@ -106,12 +105,10 @@ class DaemonProcess:
         """SIGKILL the daemon and its children, as systemd ends a unit's cgroup; with
         ``leave_children``, the daemon alone, as a crash of a daemon started by hand does."""
         assert self.proc is not None
-        if not leave_children:
-            # Children first, while the daemon lives: their pids cannot have been reused yet.
-            for pid in descendant_pids(self.proc.pid):
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-        self.proc.send_signal(signal.SIGKILL)
+        if leave_children:
+            self.proc.send_signal(signal.SIGKILL)
+        else:
+            kill_tree(self.proc.pid)  # children first, while the daemon lives: their pids cannot be reused yet
         self.proc.wait(10)
 
     def journal_rows(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:

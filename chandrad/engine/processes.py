@@ -91,8 +91,10 @@ def end_engines_left_behind(state_dir: Path) -> list[int]:
     folder = state_dir / ENGINE_RECORDS
     ended: list[int] = []
     try:
-        records = sorted(folder.glob("*.json")) if folder.is_dir() else []
-        leftovers = list(folder.glob(".*.tmp")) if folder.is_dir() else []  # a crash between write and rename
+        if not folder.is_dir():
+            return ended
+        records = sorted(folder.glob("*.json"))
+        leftovers = list(folder.glob(".*.tmp"))  # a crash between write and rename
     except OSError:
         return ended
     for record in records:
@@ -195,11 +197,7 @@ def descendant_pids(pid: int, depth: int | None = None) -> list[int]:
 
 
 def process_cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+    return " ".join(process_argv(pid))
 
 
 def rss_bytes(pids: list[int]) -> int:
