@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Here (not on the device), from the repo root: prepare what bench/gpu.sh needs on the GPU machine.
-#   .bench-carry/src/chandrad   the committed chandrad package (git archive HEAD) that is measured
+#   .bench-carry/src/chandrad   the committed chandrad package (git archive $REV, default HEAD) that is measured
 #   .bench-carry/make_model.py  ../shared/device/make_model.py (the chandra2-like stand-in)
 #   .bench-carry/poppler/       pdftoppm + pdfinfo and the shared libraries they load (from this
 #                               machine), used through wrappers only if the device has no poppler
@@ -10,9 +10,10 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 for p in /.whl/ /.bench-carry/ /.vllm-c*/; do grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude; done
 rm -rf .bench-carry && mkdir -p .bench-carry/src .bench-carry/poppler/bin .bench-carry/poppler/lib
-# The committed code (HEAD), not whatever is half-edited in the working tree.
-git archive HEAD chandrad | tar x -C .bench-carry/src
-echo "chandrad at commit $(git rev-parse HEAD) ($(git log -1 --format=%s HEAD)), taken $(date -u +%FT%TZ)" > .bench-carry/src/SOURCE.txt
+# The committed code (REV=<commit>, default HEAD), not whatever is half-edited in the working tree.
+REV=${REV:-HEAD}
+git archive "$REV" chandrad | tar x -C .bench-carry/src
+echo "chandrad at commit $(git rev-parse "$REV") ($(git log -1 --format=%s "$REV")), taken $(date -u +%FT%TZ)" > .bench-carry/src/SOURCE.txt
 cp ../shared/device/make_model.py .bench-carry/
 cp /usr/bin/pdftoppm /usr/bin/pdfinfo .bench-carry/poppler/bin/
 ldd /usr/bin/pdftoppm /usr/bin/pdfinfo | awk '/=>/{print $3}' | sort -u \
