@@ -29,6 +29,20 @@ from chandrad.errors import ConfigError
 
 log = structlog.get_logger("chandrad.journal")
 
+# SQLite's primary result codes that time can clear and that leave the database unchanged (the
+# statement was rolled back): BUSY, another process holds the write lock for longer than the busy
+# timeout; LOCKED, a table is locked by another statement on this connection or a shared cache;
+# FULL, the state directory's disk is full.
+_WAIT_OUT_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_FULL})
+
+
+def _worth_waiting_out(error: sqlite3.Error) -> bool:
+    """Whether ``error`` is BUSY, LOCKED or FULL, by SQLite's result code (extended codes such as
+    SQLITE_BUSY_SNAPSHOT carry the primary one in their low byte). An error raised by Python code
+    has no code and is not waited out."""
+    code: int | None = getattr(error, "sqlite_errorcode", None)
+    return code is not None and (code & 0xFF) in _WAIT_OUT_CODES
+
 STATES = ("settled", "queued", "preparing", "inferring", "publishing", "published", "failed")
 FINAL_STATES = ("published", "failed")
 
@@ -193,11 +207,9 @@ class Journal:
                 try:
                     return self._db.execute(sql, params)
                 except sqlite3.OperationalError as error:
-                    # Locked/busy: another process holds the write lock. Full: the state
-                    # directory's disk is full (SQLite rolled the statement back).
-                    why = str(error)
-                    if not any(word in why for word in ("locked", "busy", "full")):
+                    if not _worth_waiting_out(error):
                         raise
+                    why = str(error)
                     if self._closing.is_set():
                         raise
             log.warning("the journal cannot be written; waiting", error=why, journal=str(self.path),
