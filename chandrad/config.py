@@ -273,7 +273,9 @@ class Settings(BaseSettings):
         """Embedded defaults: one inbox under /srv/chandrad when none is configured."""
         if self.inbox:
             return self
-        default = InboxSettings(path=DEFAULT_ROOT / "inbox")
+        # model_validate: outbox and failed are derived from path by _derive_folders, which the
+        # type checker cannot see through keyword arguments.
+        default = InboxSettings.model_validate({"path": DEFAULT_ROOT / "inbox"})
         return self.model_copy(update={"inbox": (default,)})
 
 

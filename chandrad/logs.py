@@ -19,6 +19,7 @@ import re
 import socket
 import struct
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,7 +42,7 @@ def stderr_is_journal(environ: dict[str, str] | os._Environ[str] = os.environ) -
     return stream == f"{st.st_dev}:{st.st_ino}"
 
 
-def journal_fields(event: dict[str, Any]) -> bytes:
+def journal_fields(event: Mapping[str, Any]) -> bytes:
     """One journald native-protocol datagram: MESSAGE, PRIORITY and every context key as a field."""
     fields: dict[str, str] = {
         "MESSAGE": str(event.get("event", "")),
@@ -81,7 +82,7 @@ class JournaldLogger:
     debug = info = warning = warn = error = critical = exception = log = msg
 
 
-def _journald_renderer(logger: Any, method: str, event: dict[str, Any]) -> bytes:
+def _journald_renderer(logger: Any, method: str, event: structlog.typing.EventDict) -> bytes:
     return journal_fields(event)
 
 

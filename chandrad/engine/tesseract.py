@@ -16,7 +16,7 @@ import re
 import shutil
 import time
 
-from bs4 import BeautifulSoup
+from bs4 import BeautifulSoup, Tag
 
 from chandrad.engine.base import PageRequest, PageResult
 from chandrad.errors import PermanentError, TransientError
@@ -25,8 +25,12 @@ _BBOX = re.compile(r"bbox (\d+) (\d+) (\d+) (\d+)")
 
 
 def _bbox(tag: object) -> tuple[int, int, int, int] | None:
-    match = _BBOX.search(tag.get("title", "")) if hasattr(tag, "get") else None  # type: ignore[union-attr]
-    return tuple(int(v) for v in match.groups()) if match else None  # type: ignore[return-value]
+    title = tag.get("title", "") if isinstance(tag, Tag) else None
+    match = _BBOX.search(title) if isinstance(title, str) else None
+    if match is None:
+        return None
+    x0, y0, x1, y1 = (int(v) for v in match.groups())
+    return x0, y0, x1, y1
 
 
 def hocr_to_chandra_html(hocr: str, width: int, height: int) -> str:
