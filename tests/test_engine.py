@@ -9,15 +9,18 @@ from pdf2image import convert_from_path
 
 from chandrad.config import EngineSettings
 from chandrad.engine import create_engine
-from chandrad.engine.base import Engine, PageRequest
+from chandrad.engine.base import PageRequest
 from chandrad.engine.tesseract import TesseractEngine, hocr_to_chandra_html
 from tests.conftest import corpus_file
 
-HOCR = """<div class='ocr_page' title='bbox 0 0 2000 1000'>
-<div class='ocr_carea' title='bbox 200 100 1800 300'><p class='ocr_par'>
-<span class='ocr_line' title='bbox 200 100 1800 150'><span class='ocrx_word'>Hello</span> <span class='ocrx_word'>&amp;</span></span>
-<span class='ocr_line' title='bbox 200 160 1800 200'><span class='ocrx_word'>world</span></span>
-</p></div></div>"""
+HOCR = (
+    "<div class='ocr_page' title='bbox 0 0 2000 1000'>\n"
+    "<div class='ocr_carea' title='bbox 200 100 1800 300'><p class='ocr_par'>\n"
+    "<span class='ocr_line' title='bbox 200 100 1800 150'>"
+    "<span class='ocrx_word'>Hello</span> <span class='ocrx_word'>&amp;</span></span>\n"
+    "<span class='ocr_line' title='bbox 200 160 1800 200'><span class='ocrx_word'>world</span></span>\n"
+    "</p></div></div>"
+)
 
 
 def test_hocr_blocks_become_text_divs_with_normalised_bboxes():
@@ -31,10 +34,14 @@ def test_an_empty_page_is_a_blank_page_block():
 
 async def test_tesseract_reads_a_corpus_page_into_parseable_chandra_html():
     engine = create_engine(EngineSettings(kind="tesseract"), Path("/nonexistent"))
-    assert isinstance(engine, TesseractEngine) and isinstance(engine, Engine)
+    assert isinstance(engine, TesseractEngine)
     await engine.start()
     image = convert_from_path(corpus_file("linn.pdf"), dpi=150)[0]
-    result = await engine.ocr(PageRequest("doc", 1, image))
+    try:
+        result = await engine.ocr(PageRequest("doc", 1, image))
+    finally:
+        await engine.aclose()
+    assert result.latency_s > 0 and result.finish_reason == "stop"
     chunks = parse_chunks(result.html, image)
     assert chunks and all(chunk["label"] == "Text" for chunk in chunks)
     assert all(0 <= chunk["bbox"][0] < chunk["bbox"][2] <= image.width for chunk in chunks)
