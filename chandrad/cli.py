@@ -101,8 +101,8 @@ def once(files: tuple[Path, ...], output_dir: Path, engine_kind: str | None, con
 
 
 async def _convert_once(settings: Settings, files: tuple[Path, ...], output_dir: Path) -> list[tuple[str, str]]:
+    from chandrad.folders import staging_root
     from chandrad.pipeline import Pipeline
-    from chandrad.publish import STAGING
 
     template = settings.inbox[0] if settings.inbox else None
     failures: list[tuple[str, str]] = []
@@ -154,7 +154,7 @@ async def _convert_once(settings: Settings, files: tuple[Path, ...], output_dir:
             await engine.aclose()
             journal.close()
             # Leave the output folder holding only outputs: the staging folders are empty now.
-            for leftover in (output_dir / STAGING, (output_dir / STAGING).parent):
+            for leftover in (staging_root(output_dir), staging_root(output_dir).parent):
                 try:
                     leftover.rmdir()
                 except OSError:  # absent, or not empty (another chandrad's): leave it

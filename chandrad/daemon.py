@@ -1,6 +1,7 @@
 """Wiring: watchers → intake → document workers, with bounded queues, signals and a clean shutdown.
 
-No stage logic lives here (that is ``pipeline``); this module decides *when* things run. Phases
+No stage logic lives here (``pipeline`` composes it: intake, stages, failures, recovery); this
+module decides *when* things run. Phases
 follow uvicorn's server: ``startup`` (folders, journal, engine warm-up, crash recovery),
 ``main_loop`` (everything runs in one ``TaskGroup``; signal handlers only set flags), ``shutdown``
 (stop watching, let in-flight documents finish for ``drain_seconds``, then cancel them: the
@@ -18,16 +19,17 @@ from typing import Any
 
 import structlog
 
+from chandrad.backoff import backoff_seconds
 from chandrad.config import Settings, load_settings, prepare_folders
 from chandrad.engine import Engine, create_engine
 from chandrad.engine.processes import end_engines_left_behind
-from chandrad.engine.supervisor import gpu_memory_used_bytes
 from chandrad.errors import ConfigError
 from chandrad.journal import Journal
 from chandrad.metrics import Metrics, ObservedEngine
 from chandrad.notify import Notifier
 from chandrad.pipeline import Pipeline
 from chandrad.watch import InboxWatcher, SettledFile
+from chandrad.workqueue import WorkQueue
 
 log = structlog.get_logger("chandrad.daemon")
 
@@ -41,6 +43,7 @@ TICK_SECONDS = 1.0
 WATCHER_STALL_SECONDS = 120.0
 # While a large model loads, systemd's start timeout is pushed out by this much at a time.
 EXTEND_START_SECONDS = 90.0
+MEMORY_SAMPLE_SECONDS = 10.0  # NVML takes a few ms: not every tick
 
 
 class Daemon:
@@ -61,9 +64,7 @@ class Daemon:
         self.should_exit = asyncio.Event()
         self.reload_requested = asyncio.Event()
         self.intake_queue: asyncio.Queue[SettledFile] = asyncio.Queue(INTAKE_QUEUE_SIZE)
-        self.doc_queue: asyncio.Queue[str | None] = asyncio.Queue()
-        self.enqueued: set[str] = set()
-        self.active: set[str] = set()
+        self.work = WorkQueue()
         self.watchers: dict[str, InboxWatcher] = {}
         self._watch_tasks: dict[str, asyncio.Task[None]] = {}
         self.journal: Journal | None = None
@@ -121,9 +122,9 @@ class Daemon:
         log.info("engine ready", engine=self.engine.name, model=self.engine.model,
                  seconds=round(time.monotonic() - started, 1))
         self.observed = ObservedEngine(self.engine, self.metrics)
-        self.pipeline = Pipeline(self.settings, self.journal, self.observed)  # type: ignore[arg-type]
+        self.pipeline = Pipeline(self.settings, self.journal, self.observed)
         for doc_id in await self.pipeline.recover():
-            self._enqueue(doc_id)
+            self.work.put(doc_id)
         self.started = True
 
     async def _unless_stopped(self, work: Coroutine[Any, Any, None]) -> bool:
@@ -169,17 +170,16 @@ class Daemon:
                     self.reload()
 
             self.notifier.stopping()
-            log.info("stopping: no new documents are taken", in_flight=len(self.active))
+            log.info("stopping: no new documents are taken", in_flight=len(self.work.active))
             if self.engine is not None:
                 self.engine.stopping()
             for task in [*self._watch_tasks.values(), *loops]:
                 task.cancel()
-            for _ in workers:
-                self.doc_queue.put_nowait(None)
+            self.work.stop_workers(len(workers))
             _, unfinished = await asyncio.wait(workers, timeout=self.settings.drain_seconds)
             if unfinished:
                 log.warning("drain deadline passed; in-flight documents resume at the next start",
-                            documents=sorted(self.active))
+                            documents=sorted(self.work.active))
                 for task in unfinished:
                     task.cancel()
 
@@ -250,56 +250,53 @@ class Daemon:
                 log.exception("loop crashed; restarting it in 5 s", loop=name)
                 await asyncio.sleep(5)
 
-    def _enqueue(self, doc_id: str) -> None:
-        if doc_id not in self.enqueued and doc_id not in self.active:
-            self.enqueued.add(doc_id)
-            self.doc_queue.put_nowait(doc_id)
-
     async def _intake_loop(self) -> None:
         assert self.pipeline is not None
         while True:
             settled = await self.intake_queue.get()
             try:
-                doc = await self.pipeline.intake(settled)
+                doc = await self.pipeline.take_in(settled)
             except Exception:
                 log.exception("intake failed; the file stays in the inbox and is retried at the next rescan",
                               file=str(settled.path))
                 continue
             if doc is not None:
-                self._enqueue(doc.id)
+                self.work.put(doc.id)
 
     async def _retry_loop(self) -> None:
         """Queued documents whose time has come (retries with backoff, resumed ones) go to the workers."""
         assert self.journal is not None
         # Retry times are wall-clock (they survive restarts). A retry further ahead than any backoff
         # can be means the clock stepped back (NTP, a restored VM): it is due, not an hour away.
-        longest_backoff = self.settings.retry_backoff_seconds * 2 ** self.settings.max_attempts + 60
+        longest_backoff = backoff_seconds(self.settings.retry_backoff_seconds, self.settings.max_attempts + 1) + 60
         # Enough waiting in memory to keep every worker busy; the rest stays in the journal, so a
         # backlog of 100 000 documents costs this loop a short indexed read, not the whole table.
         depth = RETRY_QUEUE_DEPTH * self.documents_in_flight
         while True:
-            if len(self.enqueued) < depth:
+            waiting = len(self.work.waiting)
+            if waiting < depth:
                 # The oldest due documents, including those already waiting here (still "queued").
                 due = await self.journal.call(
-                    self.journal.due_queued, time.time(), longest_backoff, len(self.enqueued) + depth
+                    self.journal.due_queued, time.time(), longest_backoff, waiting + depth
                 )
                 for doc_id in due:
-                    self._enqueue(doc_id)
+                    self.work.put(doc_id)
             await asyncio.sleep(RETRY_POLL_SECONDS)
 
     async def _worker(self) -> None:
         assert self.pipeline is not None
         while True:
-            doc_id = await self.doc_queue.get()
-            if doc_id is None or self.should_exit.is_set():
+            doc_id = await self.work.take()
+            if doc_id is None:
                 return
-            self.enqueued.discard(doc_id)
-            self.active.add(doc_id)
+            if self.should_exit.is_set():
+                self.work.done(doc_id)  # still queued in the journal: it resumes at the next start
+                return
             started = time.monotonic()
             try:
                 outcome = await self.pipeline.process(doc_id)
             finally:
-                self.active.discard(doc_id)
+                self.work.done(doc_id)
             inbox = (await self.journal.call(self.journal.get, doc_id)).inbox if self.journal else ""
             self.metrics.documents.labels(inbox, "retried" if outcome.state == "queued" else outcome.state).inc()
             self.metrics.stage_seconds.labels("document").observe(time.monotonic() - started)
@@ -318,17 +315,16 @@ class Daemon:
 
     def status_line(self) -> str:
         observed = self.observed
-        engine_state = getattr(self.engine, "state", "up")
-        restarts = getattr(self.engine, "restarts", 0)
+        engine = self.engine.status() if self.engine is not None else None
         pages_per_min = 0.0
         if observed is not None and self._rate_window:
             (t0, n0), (t1, n1) = self._rate_window[0], self._rate_window[-1]
             pages_per_min = (n1 - n0) / max(t1 - t0, 1e-9) * 60
         return (
-            f"{len(self.enqueued)} queued, {len(self.active)} in progress, "
+            f"{len(self.work.waiting)} queued, {len(self.work.active)} in progress, "
             f"{observed.in_flight if observed else 0} pages at the engine, {pages_per_min:.1f} pages/min; "
-            f"engine {self.engine.name if self.engine else '-'} {engine_state}"
-            + (f" ({restarts} restarts)" if restarts else "")
+            f"engine {self.engine.name if self.engine else '-'} {engine.state if engine else 'down'}"
+            + (f" ({engine.restarts} restarts)" if engine and engine.restarts else "")
         )
 
     async def healthy(self) -> tuple[bool, str]:
@@ -353,16 +349,12 @@ class Daemon:
         armed_since = time.monotonic()
         last_status = ""
         last_ping = 0.0
-        last_gpu_sample = 0.0
+        last_memory_sample = 0.0
         was_healthy = True
         while True:
             now = time.monotonic()
             if not self.ready and all(w.last_tick > armed_since for w in self.watchers.values()):
-                self.ready = True
-                self.metrics.ready.set(1)
-                self.notifier.ready(self.status_line())
-                log.info("chandrad ready", inboxes=[inbox.name for inbox in self.settings.inbox],
-                         documents_in_flight=self.documents_in_flight)
+                self._announce_ready()
             if self.observed is not None:
                 self._rate_window.append((now, self.observed.pages_done))
                 while self._rate_window and now - self._rate_window[0][0] > 60:
@@ -371,14 +363,10 @@ class Daemon:
             if status != last_status and self.ready:
                 self.notifier.status(status)
                 last_status = status
-            self.metrics.queue_depth.labels("intake").set(self.intake_queue.qsize())
-            self.metrics.queue_depth.labels("documents").set(len(self.enqueued))
-            self.metrics.documents_in_flight.set(len(self.active))
-            self.metrics.engine_restarts.set(getattr(self.engine, "restarts", 0))
-            self.metrics.engine_recycles.set(getattr(self.engine, "recycles", 0))
-            if self.engine is not None and self.engine.name == "vllm" and now - last_gpu_sample >= 10:
-                last_gpu_sample = now
-                used = await asyncio.to_thread(gpu_memory_used_bytes)
+            self._update_gauges()
+            if self.engine is not None and now - last_memory_sample >= MEMORY_SAMPLE_SECONDS:
+                last_memory_sample = now
+                used = await self.engine.memory_in_use()
                 if used is not None:
                     self.metrics.gpu_memory.set(used)
             interval = self.notifier.watchdog_interval
@@ -391,3 +379,19 @@ class Daemon:
                     log.error("pipeline looks hung: watchdog pings stop, systemd will restart chandrad", why=why)
                 was_healthy = healthy
             await asyncio.sleep(TICK_SECONDS)
+
+    def _announce_ready(self) -> None:
+        self.ready = True
+        self.metrics.ready.set(1)
+        self.notifier.ready(self.status_line())
+        log.info("chandrad ready", inboxes=[inbox.name for inbox in self.settings.inbox],
+                 documents_in_flight=self.documents_in_flight)
+
+    def _update_gauges(self) -> None:
+        self.metrics.queue_depth.labels("intake").set(self.intake_queue.qsize())
+        self.metrics.queue_depth.labels("documents").set(len(self.work.waiting))
+        self.metrics.documents_in_flight.set(len(self.work.active))
+        if self.engine is not None:
+            engine = self.engine.status()
+            self.metrics.engine_restarts.set(engine.restarts)
+            self.metrics.engine_recycles.set(engine.recycles)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 from chandrad import __version__
+from chandrad.engine.base import Engine, EngineStatus, PageRequest, PageResult
+from chandrad.errors import PermanentError
 
 _LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
@@ -51,44 +56,51 @@ class ObservedEngine:
     nothing completes for too long means the pipeline is hung, and systemd should know.
     """
 
-    def __init__(self, engine: object, metrics: Metrics, clock: object = None) -> None:
-        import time
-
+    def __init__(self, engine: Engine, metrics: Metrics, clock: Callable[[], float] = time.monotonic) -> None:
         self._engine = engine
         self._metrics = metrics
-        self._clock = clock or time.monotonic
+        self._clock = clock
+        self.name = engine.name
         self.in_flight = 0
-        self.last_progress = self._clock()  # type: ignore[operator]
+        self.last_progress = clock()
         self.pages_done = 0
 
-    def __getattr__(self, name: str) -> object:  # name, model, stats, restarts, ... of the real engine
-        return getattr(self._engine, name)
+    @property
+    def model(self) -> str:
+        return self._engine.model  # known only once the engine has started (a remote server names it)
 
     async def start(self) -> None:
-        await self._engine.start()  # type: ignore[attr-defined]
+        await self._engine.start()
+
+    def status(self) -> EngineStatus:
+        return self._engine.status()
+
+    async def memory_in_use(self) -> int | None:
+        return await self._engine.memory_in_use()
+
+    def stopping(self) -> None:
+        self._engine.stopping()
 
     async def aclose(self) -> None:
-        await self._engine.aclose()  # type: ignore[attr-defined]
+        await self._engine.aclose()
 
-    async def ocr(self, request: object) -> object:
-        from chandrad.errors import PermanentError
-
+    async def ocr(self, request: PageRequest) -> PageResult:
         self.in_flight += 1
         self._metrics.pages_in_flight.inc()
-        started = self._clock()  # type: ignore[operator]
+        started = self._clock()
         try:
-            result = await self._engine.ocr(request)  # type: ignore[attr-defined]
+            result = await self._engine.ocr(request)
         except PermanentError:
             self._metrics.pages.labels("failed").inc()
-            self.last_progress = self._clock()  # type: ignore[operator]
+            self.last_progress = self._clock()
             raise
         finally:
             self.in_flight -= 1
             self._metrics.pages_in_flight.dec()
-        self.last_progress = self._clock()  # type: ignore[operator]
+        self.last_progress = self._clock()
         self.pages_done += 1
         self._metrics.pages.labels("ok").inc()
-        self._metrics.stage_seconds.labels("page").observe(self.last_progress - started)  # type: ignore[operator]
+        self._metrics.stage_seconds.labels("page").observe(self.last_progress - started)
         self._metrics.tokens.labels("prompt").inc(result.prompt_tokens)
         self._metrics.tokens.labels("output").inc(result.output_tokens)
         return result

@@ -34,7 +34,7 @@ import structlog
 from PIL import Image, ImageOps, ImageSequence, UnidentifiedImageError
 
 from chandrad.config import PrepareSettings
-from chandrad.errors import PermanentError, TransientError
+from chandrad.errors import PageTooLargeError, PermanentError, ToolTimeoutError, TransientError, UnreadablePdfError
 
 log = structlog.get_logger("chandrad.prepare")
 
@@ -179,7 +179,7 @@ def run_tool(
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        raise TransientError(f"{args[0]} took longer than {timeout:.0f} s", stage=stage) from None
+        raise ToolTimeoutError(f"{args[0]} took longer than {timeout:.0f} s", stage=stage) from None
     except BaseException:
         _kill_group(proc)
         raise
@@ -255,7 +255,7 @@ def pdf_info(pdf: Path, settings: PrepareSettings, password: str | None = None) 
                 "and drop it again",
                 stage="inspect",
             )
-        raise PermanentError(f"not a readable PDF ({_last_line(message) or 'pdfinfo failed'})", stage="inspect")
+        raise UnreadablePdfError(f"not a readable PDF ({_last_line(message) or 'pdfinfo failed'})", stage="inspect")
     fields = dict(
         line.split(":", 1) for line in head.stdout.splitlines() if ":" in line and not line.startswith("Page ")
     )
@@ -348,7 +348,7 @@ def render_pdf_page(
 ) -> PageImage:
     dpi = page_dpi(*size_pt, settings)
     if dpi < settings.min_dpi:
-        raise PermanentError(
+        raise PageTooLargeError(
             f"page {page_no} is {size_pt[0] / 72:.0f}×{size_pt[1] / 72:.0f} inches: too large to read "
             f"within max_page_pixels = {settings.max_page_pixels}",
             stage="render",
@@ -361,10 +361,8 @@ def render_pdf_page(
         args += ["-upw", password]
     try:
         result = run_tool([*args, str(pdf)], settings, "render", binary=True)
-    except TransientError as error:
-        if "took longer" not in error.reason:
-            raise
-        raise TransientError(
+    except ToolTimeoutError:
+        raise ToolTimeoutError(
             f"rendering page {page_no} took longer than {settings.subprocess_timeout_seconds:.0f} s", stage="render"
         ) from None
     if killed := killed_from_outside("pdftoppm", result.returncode, "render"):
@@ -437,7 +435,7 @@ def _capped_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
 def _page_from_frame(frame: Image.Image, page_no: int, settings: PrepareSettings) -> PageImage:
     width, height = frame.size
     if width * height > settings.max_image_pixels:
-        raise PermanentError(f"frame {page_no} is {width}×{height} pixels: too large", stage="decode")
+        raise PageTooLargeError(f"frame {page_no} is {width}×{height} pixels: too large", stage="decode")
     target = _capped_size(width, height, settings.max_page_pixels)
     if frame.format == "JPEG" and target != frame.size:
         # Let the JPEG decoder scale down (by 1/2, 1/4 or 1/8) while decoding instead of after.
@@ -502,8 +500,10 @@ class PreparedDocument:
             return render_image_page(self.source, page_no, settings)
         try:
             return render_pdf_page(self.source, page_no, self.page_sizes[page_no - 1], settings, self.password)
+        except PageTooLargeError:
+            raise
         except PermanentError as error:
-            if self.repair_to is None or "too large" in error.reason:
+            if self.repair_to is None:
                 raise
             # poppler choked on a page of the original: let Ghostscript rewrite the file, then retry once.
             log.info("page failed to render; repairing the PDF with Ghostscript", page=page_no, error=error.reason)
@@ -544,9 +544,8 @@ def prepare_document(
     normalised = work_dir / "normalised.pdf"
     try:
         original_info: PdfInfo | None = pdf_info(original, settings, password)
-    except PermanentError as error:
-        if not error.reason.startswith("not a readable PDF"):
-            raise  # password-protected, no pages, too many pages: a rewrite cannot change that
+    except UnreadablePdfError:
+        # Anything else (password-protected, no pages, too many pages): a rewrite cannot change that.
         original_info = None  # damaged: Ghostscript's repair is the only hope
     as_is = PreparedDocument(
         "pdf", original, original_info.pages, original_info.page_sizes, password, normalised, compress

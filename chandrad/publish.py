@@ -12,12 +12,11 @@ inbox passes through ``safe_component``.
 
 from __future__ import annotations
 
-import errno
 import html
+import io
 import json
 import os
 import re
-import shutil
 import time
 import unicodedata
 from collections.abc import Iterable
@@ -29,8 +28,8 @@ from chandra.output import extract_images, parse_chunks, parse_html, parse_markd
 from PIL import Image
 
 from chandrad import __version__
+from chandrad.durable import fsync_dir, rename_dir_durably, write_synced
 
-STAGING = ".chandrad/staging"
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f/\\:*?\"<>|]+")
 _MAX_NAME_BYTES = 180
 
@@ -119,10 +118,9 @@ def save_page_images(html: str, image: Image.Image, images_dir: Path, page_no: i
     names = []
     for crop_name, crop in crops.items():
         name = f"p{page_no}-{crop_name}" if page_no is not None else crop_name
-        with open(images_dir / name, "wb") as handle:
-            crop.save(handle, format="WEBP")
-            handle.flush()
-            os.fsync(handle.fileno())
+        encoded = io.BytesIO()
+        crop.save(encoded, format="WEBP")
+        write_synced(images_dir / name, encoded.getvalue())
         names.append(name)
     return RenderedPage(chunks=chunks, image_names=tuple(names))
 
@@ -211,80 +209,25 @@ def document_metadata(doc_id: str, source_name: str, inbox: str, engine: str, mo
 # -- writing (the one atomic step) ---------------------------------------------------------------
 
 
-def fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def makedirs_durably(folder: Path) -> None:
-    """``mkdir -p`` that also makes each new folder's entry durable (fsync of its parent).
-
-    A plain ``mkdir(parents=True)`` before a durable rename left the new folders themselves
-    undurable: after a power cut the rename's target folder (``archive/sub/``, ``claimed/<id>/``,
-    ``outbox/sub/``) could be gone with the file in it, while the removal from the old folder,
-    fsynced, had survived: the file lost.
-    """
-    missing: list[Path] = []
-    current = folder
-    while not (current.is_dir() or current.is_symlink()) and current != current.parent:
-        missing.append(current)
-        current = current.parent
-    for path in reversed(missing):
-        try:
-            path.mkdir()
-        except FileExistsError:
-            pass  # made by someone else a moment ago; its entry may not be durable yet either
-        fsync_dir(path.parent)
-
-
-def write_file_durably(path: Path, data: bytes) -> None:
-    """Write via a temporary name, fsync, rename: the name shows either nothing or all of it."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def publish_directory(staging_dir: Path, files: dict[str, bytes], target: Path) -> None:
-    """Write ``files`` into ``staging_dir``, make it durable, and rename it to ``target`` (must not exist)."""
+def stage_files(staging_dir: Path, files: dict[str, bytes]) -> None:
+    """Write ``files`` into ``staging_dir`` and make it durable, ready for its one rename."""
     staging_dir.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
-        with open(staging_dir / name, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        write_synced(staging_dir / name, data)
     images_dir = staging_dir / "images"
     if images_dir.is_dir():
         fsync_dir(images_dir)
     fsync_dir(staging_dir)
-    makedirs_durably(target.parent)
-    os.rename(staging_dir, target)
-    fsync_dir(target.parent)
-    fsync_dir(staging_dir.parent)
 
 
-def move_durably(source: Path, target: Path) -> None:
-    """Rename ``source`` to ``target`` (same filesystem) and make both directory entries durable:
-    the new one first, so that a power cut in between shows the file twice, never nowhere."""
-    makedirs_durably(target.parent)
-    try:
-        os.rename(source, target)
-    except OSError as error:
-        if error.errno != errno.EXDEV:
-            raise
-        # Inbox on one filesystem, archive on another: copy durably, then remove the original.
-        tmp = target.with_name(f".{target.name}.tmp")
-        shutil.copyfile(source, tmp, follow_symlinks=False)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.rename(tmp, target)
-        fsync_dir(target.parent)
-        source.unlink()
-    fsync_dir(target.parent)
-    fsync_dir(source.parent)
+def stage_document(
+    staging_dir: Path, stem: str, pages: list[PageOutput], formats: Iterable[str], metadata: dict[str, Any]
+) -> None:
+    """Render a document's outputs and write them into its staging folder (one thread hop: both block)."""
+    stage_files(staging_dir, render_document(stem, pages, formats, metadata))
+
+
+def publish_directory(staging_dir: Path, files: dict[str, bytes], target: Path) -> None:
+    """Write ``files`` into ``staging_dir`` and rename it to ``target`` (which must not exist)."""
+    stage_files(staging_dir, files)
+    rename_dir_durably(staging_dir, target)

@@ -18,9 +18,9 @@ from PIL import Image
 from chandrad.config import EngineSettings
 from chandrad.engine.base import PageRequest, PageResult
 from chandrad.engine.replicas import ReplicaSet
-from chandrad.engine.supervisor import ReplicaDown, SupervisedEngine
-from chandrad.engine.vllm import EngineDied
-from chandrad.errors import PermanentError
+from chandrad.engine.supervisor import SupervisedEngine
+from chandrad.engine.vllm import EngineStats
+from chandrad.errors import EngineDied, PermanentError, ReplicaDown
 
 PAGE = Image.new("RGB", (8, 8), "white")
 
@@ -42,10 +42,10 @@ class CrashingEngine:
 
     name = "vllm"
     model = "crashing-double"
-    stats = None
 
     def __init__(self, world: World) -> None:
         self.world = world
+        self.stats = EngineStats()
         self.alive = True
         self.reading: set[tuple[str, int]] = set()
 
@@ -215,10 +215,10 @@ async def test_a_replica_recycles_only_while_the_other_replicas_are_up():
         assert first.pages_read == 5 and first.starts == 1, "the recycle was due but the other replica was down"
         assert replicas.replicas[0].state == "up"
         for _ in range(100):
-            if replicas.recycles == 1:
+            if replicas.status().recycles == 1:
                 break
             await asyncio.sleep(0.05)
-        assert replicas.replicas[1].state == "up" and replicas.recycles == 1 and first.starts == 2
+        assert replicas.replicas[1].state == "up" and replicas.status().recycles == 1 and first.starts == 2
     finally:
         await replicas.aclose()
 

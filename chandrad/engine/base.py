@@ -9,7 +9,7 @@ Engines know nothing about files or folders.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from PIL import Image
 
@@ -32,9 +32,18 @@ class PageResult:
     latency_s: float = 0.0
 
 
-@runtime_checkable
+@dataclass(frozen=True)
+class EngineStatus:
+    """Everything the daemon shows about an engine, read once a second (must not block)."""
+
+    state: str = "up"  # "starting" | "up" | "restarting" | "up (1 of 2 replicas; ...)"
+    restarts: int = 0  # unplanned restarts since the daemon started
+    recycles: int = 0  # planned recycles since the daemon started
+    peak_running: int | None = None  # the most sequences its scheduler ran at once, where it reports it
+
+
 class Engine(Protocol):
-    """What the daemon needs from an OCR engine.
+    """What the daemon needs from an OCR engine; every engine implements all of it.
 
     ``ocr`` raises ``TransientError`` when the engine failed (worth retrying, maybe after a restart)
     and ``PermanentError`` when this page can never succeed (e.g. it does not fit the model).
@@ -47,6 +56,11 @@ class Engine(Protocol):
         """Load the model and answer a warm-up request; the daemon reports ready only after this."""
 
     async def ocr(self, request: PageRequest) -> PageResult: ...
+
+    def status(self) -> EngineStatus: ...
+
+    async def memory_in_use(self) -> int | None:
+        """Accelerator memory the engine's devices have in use, in bytes; None where it has none."""
 
     def stopping(self) -> None:
         """The daemon is draining for a stop: begin no planned work of the engine's own (a recycle)."""

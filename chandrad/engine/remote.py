@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import time
+from typing import Any
 
 import structlog
 from chandra.model.util import scale_to_fit
@@ -18,8 +18,8 @@ from chandra.prompts import PROMPT_MAPPING
 from PIL import Image
 
 from chandrad.config import EngineSettings
-from chandrad.engine.base import PageRequest, PageResult
-from chandrad.engine.vllm import chandra_is_repeating
+from chandrad.engine.base import EngineStatus, PageRequest, PageResult
+from chandrad.engine.ladder import Completion, Sampling, read_with_retries
 from chandrad.errors import PermanentError, TransientError
 
 log = structlog.get_logger("chandrad.engine.remote")
@@ -59,43 +59,40 @@ class RemoteEngine:
         from openai import APIConnectionError, APIStatusError, APITimeoutError
 
         url = await asyncio.to_thread(_png_data_url, request.image)  # resize + PNG: ~0.2 s, off the loop
-        messages = [{"role": "user", "content": [
+        messages: list[dict[str, Any]] = [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": url}},
             {"type": "text", "text": PROMPT_MAPPING[request.prompt_type]},
         ]}]
-        started = time.monotonic()
-        attempt, temperature, top_p = 0, 0.0, 0.1
-        while True:
+
+        async def attempt_once(attempt: int, sampling: Sampling) -> Completion:
             try:
                 completion = await self._client.chat.completions.create(
-                    model=self.model, messages=messages, max_tokens=self.settings.max_tokens,  # type: ignore[arg-type]
-                    temperature=temperature, top_p=top_p,
+                    model=self.model, messages=messages,  # type: ignore[arg-type]  # plain dicts, as Chandra sends
+                    max_tokens=self.settings.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
                 )
-                text = completion.choices[0].message.content or ""
-                error = None
             except APIStatusError as status_error:
                 if 400 <= status_error.status_code < 500 and status_error.status_code != 429:
                     raise PermanentError(f"the server refused page {request.page_no}: {status_error.message}",
                                          stage="engine") from None
-                completion, text, error = None, "", f"HTTP {status_error.status_code}"
+                raise TransientError(f"the vLLM server failed: HTTP {status_error.status_code}",
+                                     stage="engine") from None
             except (APIConnectionError, APITimeoutError) as network_error:
-                completion, text, error = None, "", str(network_error)
-            repeating = completion is not None and chandra_is_repeating(text)
-            if (repeating or error) and attempt < self.settings.max_retries:
-                attempt += 1
-                temperature, top_p = min(0.2 * attempt, 0.8), 0.95
-                continue
-            if completion is None:
-                raise TransientError(f"the vLLM server failed: {error}", stage="engine")
+                raise TransientError(f"the vLLM server failed: {network_error}", stage="engine") from None
             usage = completion.usage
-            return PageResult(
-                html=text,
-                prompt_tokens=usage.prompt_tokens if usage else 0,
-                output_tokens=usage.completion_tokens if usage else 0,
-                finish_reason="repetition" if repeating else str(completion.choices[0].finish_reason),
-                retries=attempt,
-                latency_s=time.monotonic() - started,
+            return Completion(
+                completion.choices[0].message.content or "",
+                usage.prompt_tokens if usage else 0,
+                usage.completion_tokens if usage else 0,
+                str(completion.choices[0].finish_reason),
             )
+
+        return await read_with_retries(attempt_once, self.settings.max_retries, request.page_no)
+
+    def status(self) -> EngineStatus:
+        return EngineStatus()
+
+    async def memory_in_use(self) -> int | None:
+        return None  # the server's GPUs are another host's
 
     def stopping(self) -> None:
         return None

@@ -11,21 +11,13 @@ and their planned recycles are staggered and wait until every other replica is u
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-
 import structlog
 
-from chandrad.engine.base import PageRequest, PageResult
-from chandrad.engine.supervisor import ReplicaDown, SupervisedEngine
+from chandrad.engine.base import EngineStatus, PageRequest, PageResult
+from chandrad.engine.supervisor import SupervisedEngine, gpu_memory_used_bytes
+from chandrad.errors import ReplicaDown
 
 log = structlog.get_logger("chandrad.engine.replicas")
-
-
-@dataclass
-class CombinedStats:
-    """The replicas' scheduler figure the pipeline logs with each page, added up."""
-
-    peak_running: int
 
 
 class ReplicaSet:
@@ -51,18 +43,18 @@ class ReplicaSet:
             return f"up ({up} of {len(states)} replicas; the others {'/'.join(sorted(set(states) - {'up'}))})"
         return "starting" if all(state == "starting" for state in states) else "restarting"
 
-    @property
-    def restarts(self) -> int:
-        return sum(replica.restarts for replica in self.replicas)
+    def status(self) -> EngineStatus:
+        peaks = [peak for replica in self.replicas if (peak := replica.peak_running) is not None]
+        return EngineStatus(
+            state=self.state,
+            restarts=sum(replica.restarts for replica in self.replicas),
+            recycles=sum(replica.recycles for replica in self.replicas),
+            peak_running=sum(peaks) if peaks else None,
+        )
 
-    @property
-    def recycles(self) -> int:
-        return sum(replica.recycles for replica in self.replicas)
-
-    @property
-    def stats(self) -> CombinedStats:
-        parts = [replica.stats for replica in self.replicas if replica.stats is not None]
-        return CombinedStats(peak_running=sum(part.peak_running for part in parts))
+    async def memory_in_use(self) -> int | None:
+        gpus = tuple(gpu for replica in self.replicas for gpu in replica.settings.gpus)
+        return await asyncio.to_thread(gpu_memory_used_bytes, gpus)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -81,7 +73,7 @@ class ReplicaSet:
         if failures:
             await _cancel_all(starts)
             await self.aclose()
-            raise failures[0]  # type: ignore[misc]
+            raise failures[0]  # type: ignore[misc]  # a BaseException, checked not None above
         self.model = self.replicas[0].model
         log.info("replicas up", replicas=len(self.replicas))
 

@@ -28,27 +28,28 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from chandrad.config import EngineSettings
-from chandrad.engine.base import PageRequest, PageResult
+from chandrad.backoff import backoff_seconds
+from chandrad.engine.base import EngineStatus, PageRequest, PageResult
 from chandrad.engine.processes import rss_bytes
-from chandrad.engine.vllm import EngineDied
-from chandrad.errors import PermanentError
+from chandrad.errors import EngineDied, PermanentError, ReplicaDown
+
+if TYPE_CHECKING:
+    from chandrad.engine.vllm import EngineStats
 
 log = structlog.get_logger("chandrad.engine.supervisor")
 
 
-class ReplicaDown(Exception):
-    """This replica's engine is down (restarting, recycling, or just died); another replica is up."""
-
-
 class RestartableEngine(Protocol):
+    """One engine process the supervisor can replace (``VllmEngine``)."""
+
     name: str
     model: str
-    stats: Any
+    stats: EngineStats
 
     async def start(self) -> None: ...
     async def ocr(self, request: PageRequest) -> PageResult: ...
@@ -122,8 +123,14 @@ class SupervisedEngine:
         return "up" if self._ready.is_set() else ("starting" if self._generation == 0 else "restarting")
 
     @property
-    def stats(self) -> Any:
-        return self.engine.stats if self.engine is not None else None
+    def peak_running(self) -> int | None:
+        return self.engine.stats.peak_running if self.engine is not None else None
+
+    def status(self) -> EngineStatus:
+        return EngineStatus(self.state, self.restarts, self.recycles, self.peak_running)
+
+    async def memory_in_use(self) -> int | None:
+        return await asyncio.to_thread(gpu_memory_used_bytes, tuple(self.settings.gpus))
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -192,8 +199,8 @@ class SupervisedEngine:
                     raise
                 except Exception as error:
                     failures += 1
-                    delay = min(self.settings.restart_backoff_seconds * 2 ** (failures - 1),
-                                self.settings.restart_backoff_max_seconds)
+                    delay = backoff_seconds(self.settings.restart_backoff_seconds, failures,
+                                            self.settings.restart_backoff_max_seconds)
                     log.error("engine failed to start; retrying", error=str(error), attempt=failures,
                               retry_in_s=delay)
                     await asyncio.sleep(delay)

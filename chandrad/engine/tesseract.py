@@ -17,8 +17,9 @@ import shutil
 import time
 
 from bs4 import BeautifulSoup, Tag
+from PIL import Image
 
-from chandrad.engine.base import PageRequest, PageResult
+from chandrad.engine.base import EngineStatus, PageRequest, PageResult
 from chandrad.errors import PermanentError, TransientError
 
 _BBOX = re.compile(r"bbox (\d+) (\d+) (\d+) (\d+)")
@@ -60,6 +61,13 @@ def hocr_to_chandra_html(hocr: str, width: int, height: int) -> str:
     if not blocks:
         return '<div data-bbox="0 0 1000 1000" data-label="Blank-Page"></div>'
     return "\n".join(blocks)
+
+
+def _grey_ppm(image: Image.Image) -> bytes:
+    """The page in grey as PPM: uncompressed, as encoding PNG would cost more than OCR'ing it."""
+    buffer = io.BytesIO()
+    image.convert("L").save(buffer, format="PPM")
+    return buffer.getvalue()
 
 
 class TesseractEngine:
@@ -105,15 +113,18 @@ class TesseractEngine:
 
     async def ocr(self, request: PageRequest) -> PageResult:
         started = time.monotonic()
-        gray = request.image.convert("L")
-        buffer = io.BytesIO()
-        gray.save(buffer, format="PPM")  # uncompressed: encoding PNG would cost more than OCR'ing it
+        width, height = request.image.size
+        ppm = await asyncio.to_thread(_grey_ppm, request.image)  # conversions and parsing: off the event loop
         async with self._slots:
-            hocr = await self._run(["tesseract", "-", "-", "-l", self.languages, "hocr"], buffer.getvalue())
-        return PageResult(
-            html=hocr_to_chandra_html(hocr.decode("utf-8", errors="replace"), gray.width, gray.height),
-            latency_s=time.monotonic() - started,
-        )
+            hocr = await self._run(["tesseract", "-", "-", "-l", self.languages, "hocr"], ppm)
+        html = await asyncio.to_thread(hocr_to_chandra_html, hocr.decode("utf-8", errors="replace"), width, height)
+        return PageResult(html=html, latency_s=time.monotonic() - started)
+
+    def status(self) -> EngineStatus:
+        return EngineStatus()
+
+    async def memory_in_use(self) -> int | None:
+        return None  # no accelerator
 
     def stopping(self) -> None:
         return None

@@ -26,22 +26,22 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from chandra.model.util import detect_repeat_token, scale_to_fit
+from chandra.model.util import scale_to_fit
 from chandra.prompts import PROMPT_MAPPING
 from PIL import Image
 
 from chandrad.config import EngineSettings
 from chandrad.engine.base import PageRequest, PageResult
+from chandrad.engine.ladder import Completion, Sampling, chandra_is_repeating, read_with_retries
 from chandrad.engine.layout import EngineSpec, plan_engines
-from chandrad.engine.processes import (  # descendant_pids, process_cmdline: bench/overhead.py imports them from here
+from chandrad.engine.processes import (
     descendant_pids,
     end_process_tree,
     is_vllm_process,
-    process_cmdline,  # noqa: F401
     record_engine_process,
     spawned_children,
 )
-from chandrad.errors import PermanentError, TransientError
+from chandrad.errors import EngineDied, PermanentError, TransientError
 
 log = structlog.get_logger("chandrad.engine.vllm")
 
@@ -59,15 +59,6 @@ CPU_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "OMP_NUM_THREADS": "1",
 }
-
-
-class EngineDied(TransientError):
-    """The engine process is gone (crash, OOM kill): restart it and send the page again."""
-
-
-def chandra_is_repeating(text: str) -> bool:
-    """Chandra's own loop test, as its vLLM client applies it."""
-    return detect_repeat_token(text) or (len(text) > 50 and detect_repeat_token(text, cut_from_end=50))
 
 
 @dataclass
@@ -251,11 +242,6 @@ class VllmEngine:
             # shutdown() blocks for seconds while it stops the EngineCore: not on the event loop.
             await asyncio.to_thread(_shutdown_quietly, instance.llm)
 
-    @property
-    def alive(self) -> bool:
-        instances = [*self._encoders, *self._instances]
-        return bool(instances) and not any(getattr(i.llm, "errored", False) for i in instances)
-
     async def check_health(self) -> None:
         from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -301,42 +287,17 @@ class VllmEngine:
 
     async def _read(self, instance: _Instance, request: PageRequest, image: Image.Image, max_tokens: int,
                     max_retries: int, started: float, ec_id: str | None = None) -> PageResult:
-        """Greedy first; a repeating or failed answer is tried again warmer, up to max_retries."""
-        attempt = 0
-        temperature, top_p = 0.0, 0.1
-        while True:
-            try:
-                output = await self._generate(instance, request, image, max_tokens, temperature, top_p, attempt,
-                                              ec_id)
-                error = None
-            except TransientError as recoverable:
-                if isinstance(recoverable, EngineDied):
-                    raise
-                output, error = None, recoverable
-            text = output.outputs[0].text if output is not None else ""
-            repeating = output is not None and (
-                output.outputs[0].finish_reason == "repetition" or self.repeat_detector(text)
-            )
-            if (repeating or error is not None) and attempt < max_retries:
-                attempt += 1
-                temperature, top_p = min(0.2 * attempt, 0.8), 0.95
-                log.info("retrying page", page=request.page_no, attempt=attempt,
-                         why="repetition" if repeating else error.reason)  # type: ignore[union-attr]
-                continue
-            if output is None:
-                assert error is not None
-                raise error
+        async def attempt_once(attempt: int, sampling: Sampling) -> Completion:
+            output = await self._generate(instance, request, image, max_tokens, sampling.temperature,
+                                          sampling.top_p, attempt, ec_id)
             completion = output.outputs[0]
-            self.stats.pages += 1
-            self.stats.output_tokens += len(completion.token_ids)
-            return PageResult(
-                html=text,
-                prompt_tokens=len(output.prompt_token_ids or []),
-                output_tokens=len(completion.token_ids),
-                finish_reason="repetition" if repeating else str(completion.finish_reason),
-                retries=attempt,
-                latency_s=time.monotonic() - started,
-            )
+            return Completion(completion.text, len(output.prompt_token_ids or []), len(completion.token_ids),
+                              str(completion.finish_reason))
+
+        result = await read_with_retries(attempt_once, max_retries, request.page_no, self.repeat_detector, started)
+        self.stats.pages += 1
+        self.stats.output_tokens += result.output_tokens
+        return result
 
     async def _generate(
         self, instance: _Instance, request: PageRequest, image: Image.Image, max_tokens: int,

@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 from PIL import Image, ImageDraw
 
-from chandrad.engine.base import PageRequest, PageResult
+from chandrad.engine.base import EngineStatus, PageRequest, PageResult
 from tests.conftest import DaemonProcess, wait_for
 
 CHAOS_DIR = Path(__file__).resolve().parent / "chaos"
@@ -290,6 +290,12 @@ class DrawingEngine:
 
     async def ocr(self, request: PageRequest) -> PageResult:
         return PageResult(html=FIGURE_HTML)
+
+    def status(self) -> EngineStatus:
+        return EngineStatus()
+
+    async def memory_in_use(self) -> int | None:
+        return None
 
     def stopping(self) -> None:
         return None

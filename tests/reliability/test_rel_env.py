@@ -114,9 +114,9 @@ async def test_page_figures_lost_from_staging_are_redone_before_publishing(tmp_p
         return await real_ocr(request)
 
     monkeypatch.setattr(engine, "ocr", ocr)
-    pipeline = Pipeline(settings, journal, engine)  # type: ignore[arg-type]
+    pipeline = Pipeline(settings, journal, engine)
     st = source.lstat()
-    doc = await pipeline.intake(SettledFile(inbox, source, Path("two.pdf"), st.st_size, st.st_mtime_ns, "regular"))
+    doc = await pipeline.take_in(SettledFile(inbox, source, Path("two.pdf"), st.st_size, st.st_mtime_ns, "regular"))
     assert doc is not None
     first = await pipeline.process(doc.id)
     assert first.state == "queued" and "vanished" in first.reason, first  # noticed before publishing
@@ -247,13 +247,13 @@ async def test_a_retry_scheduled_before_the_clock_steps_back_an_hour_still_runs_
     loop_task = asyncio.create_task(daemon._retry_loop())
     try:
         for _ in range(40):
-            if doc.id in daemon.enqueued:
+            if doc.id in daemon.work.waiting:
                 break
             await asyncio.sleep(0.1)
     finally:
         loop_task.cancel()
         journal.close()
-    assert doc.id in daemon.enqueued, "the retry is due 1 s after it was scheduled, whatever the wall clock says"
+    assert doc.id in daemon.work.waiting, "the retry is due 1 s after it was scheduled, whatever the wall clock says"
 
 
 async def test_a_large_backlog_is_fed_to_the_workers_oldest_first_a_bounded_window_at_a_time(tmp_path):
@@ -278,16 +278,16 @@ async def test_a_large_backlog_is_fed_to_the_workers_oldest_first_a_bounded_wind
     loop_task = asyncio.create_task(daemon._retry_loop())
     try:
         await asyncio.sleep(0.2)
-        assert set(daemon.enqueued) == set(backlog[:depth]), "the oldest, and no more than the window"
+        assert daemon.work.waiting == set(backlog[:depth]), "the oldest, and no more than the window"
         for _ in range(depth):  # the workers take everything that was waiting
-            doc_id = daemon.doc_queue.get_nowait()
-            daemon.enqueued.discard(doc_id)
+            doc_id = await daemon.work.take()
+            assert doc_id is not None
             journal.set_state(doc_id, "preparing")
         for _ in range(30):
-            if daemon.enqueued:
+            if daemon.work.waiting:
                 break
             await asyncio.sleep(0.1)
-        assert set(daemon.enqueued) == set(backlog[depth:2 * depth])
+        assert daemon.work.waiting == set(backlog[depth:2 * depth])
     finally:
         loop_task.cancel()
         journal.close()

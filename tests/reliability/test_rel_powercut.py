@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from chandrad import publish
+from chandrad import durable
 from chandrad.config import EngineSettings, InboxSettings, Settings
 from chandrad.journal import Journal
 from chandrad.pipeline import Pipeline
@@ -105,9 +105,9 @@ async def run_one(trace: Trace, tmp_path: Path, rel: str, data: bytes) -> tuple[
     source.write_bytes(data)
     journal = Journal(settings.state_dir / "journal.sqlite3")
     trace.events.clear()  # the daemon's own calls only (prepare_folders made the top folders)
-    pipeline = Pipeline(settings, journal, DrawingEngine())  # type: ignore[arg-type]
+    pipeline = Pipeline(settings, journal, DrawingEngine())
     st = source.lstat()
-    doc = await pipeline.intake(SettledFile(inbox, source, Path(rel), st.st_size, st.st_mtime_ns, "regular"))
+    doc = await pipeline.take_in(SettledFile(inbox, source, Path(rel), st.st_size, st.st_mtime_ns, "regular"))
     assert doc is not None
     outcome = await pipeline.process(doc.id)
     journal.close()
@@ -218,8 +218,8 @@ async def test_a_failure_report_and_the_moved_original_are_durable_in_order(trac
 
 def test_makedirs_durably_fsyncs_each_new_folder_into_its_parent(trace, tmp_path):
     trace.events.clear()
-    publish.makedirs_durably(tmp_path / "a" / "b" / "c")
-    publish.makedirs_durably(tmp_path / "a" / "b" / "c")  # nothing new: nothing to do
+    durable.makedirs_durably(tmp_path / "a" / "b" / "c")
+    durable.makedirs_durably(tmp_path / "a" / "b" / "c")  # nothing new: nothing to do
     ops = [(op, Path(path).relative_to(tmp_path).as_posix() if path != str(tmp_path) else ".")
            for op, path, _ in trace.events]
     assert ops == [("mkdir", "a"), ("fsync", "."), ("mkdir", "a/b"), ("fsync", "a"), ("mkdir", "a/b/c"),

@@ -1,0 +1,87 @@
+"""Durable filesystem steps, one implementation each: a power cut shows all of a step or none.
+
+Every write chandrad makes that must survive a crash goes through here: a file is written under a
+temporary name, fsynced and renamed; a rename makes both directory entries durable (the new one
+first, so a power cut in between shows the file twice, never nowhere); new folders have their own
+entries fsynced. Blocking: callers run these in a thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_synced(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and fsync the file (not its directory entry: see write_file_durably)."""
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def makedirs_durably(folder: Path) -> None:
+    """``mkdir -p`` that also makes each new folder's entry durable (fsync of its parent).
+
+    A plain ``mkdir(parents=True)`` before a durable rename leaves the new folders themselves
+    undurable: after a power cut the rename's target folder (``archive/sub/``, ``claimed/<id>/``,
+    ``outbox/sub/``) could be gone with the file in it, while the removal from the old folder,
+    fsynced, had survived: the file lost.
+    """
+    missing: list[Path] = []
+    current = folder
+    while not (current.is_dir() or current.is_symlink()) and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            pass  # made by someone else a moment ago; its entry may not be durable yet either
+        fsync_dir(path.parent)
+
+
+def write_file_durably(path: Path, data: bytes) -> None:
+    """Write via a temporary name, fsync, rename: the name shows either nothing or all of it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write_synced(tmp, data)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def rename_dir_durably(source: Path, target: Path) -> None:
+    """Rename a complete folder to ``target`` (which must not exist) and make both entries durable."""
+    makedirs_durably(target.parent)
+    os.rename(source, target)
+    fsync_dir(target.parent)
+    fsync_dir(source.parent)
+
+
+def move_durably(source: Path, target: Path) -> None:
+    """Rename ``source`` to ``target`` (same filesystem) and make both directory entries durable."""
+    makedirs_durably(target.parent)
+    try:
+        os.rename(source, target)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+        # Inbox on one filesystem, archive on another: copy durably, then remove the original.
+        tmp = target.with_name(f".{target.name}.tmp")
+        shutil.copyfile(source, tmp, follow_symlinks=False)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.rename(tmp, target)
+        fsync_dir(target.parent)
+        source.unlink()
+    fsync_dir(target.parent)
+    fsync_dir(source.parent)

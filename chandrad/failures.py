@@ -1,0 +1,198 @@
+"""What happens when a step fails: retry with backoff, wait for the environment, or failed/.
+
+A ``WaitError`` (full disk, unreachable inbox) queues the document again without using up an
+attempt; any other ``TransientError`` is retried with backoff until ``max_attempts``; a
+``PermanentError`` (or the last attempt) moves the original to ``failed/`` beside
+``<name>.error.json``, which says why in words and what to do. The report is written and the
+original moved before the journal marks the document failed; ``complete_after_crash`` finishes
+that commit when a crash came between the two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from chandrad import publish
+from chandrad.backoff import backoff_seconds
+from chandrad.config import InboxSettings
+from chandrad.durable import makedirs_durably, move_durably, write_file_durably
+from chandrad.errors import DocumentError, WaitError
+from chandrad.journal import Document
+from chandrad.runtime import Outcome, Runtime, now_iso
+
+log = structlog.get_logger("chandrad.failures")
+
+MAX_WAIT_SECONDS = 60.0
+REPORT_SUFFIX = ".error.json"
+
+_ADVICE = {
+    "permanent": "Fix or replace the file and drop it into the inbox again.",
+    "transient": "Nothing was wrong with the file itself; drop it into the inbox again to retry.",
+    "duplicate": "Nothing to do: this content was already processed.",
+}
+
+
+def advice(kind: str) -> str:
+    return _ADVICE.get(kind, "Drop the file into the inbox again to retry.")
+
+
+def failure_report(
+    doc: Document, inbox: InboxSettings, entry: dict[str, Any], history: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """The ``.error.json`` a person reads. Without ``history``, the original stayed in the inbox."""
+    where = {"attempts": entry["attempt"], "first_seen": now_iso(doc.created_at)} if history is not None else {
+        "original_left_in_inbox": True
+    }
+    return {
+        "file": Path(doc.rel_path).name,
+        "inbox": inbox.name,
+        "original_path": doc.rel_path,
+        "reason": entry["reason"],
+        "kind": entry["kind"],
+        "stage": entry["stage"],
+        **where,
+        "sha256": doc.sha256 or None,
+        "doc_id": doc.id,
+        "failed_at": entry["at"],
+        **({"history": history} if history is not None else {}),
+        "what_to_do": advice(entry["kind"]),
+    }
+
+
+def _report_bytes(report: dict[str, Any]) -> bytes:
+    return (json.dumps(report, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
+
+
+def _write_report_and_move(report: dict[str, Any], claimed: Path, target: Path) -> None:
+    """One thread hop: the report beside where the original goes, then the original."""
+    makedirs_durably(target.parent)
+    write_file_durably(target.with_name(target.name + REPORT_SUFFIX), _report_bytes(report))
+    if claimed.exists() or claimed.is_symlink():
+        move_durably(claimed, target)
+
+
+class Failures:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def entry(self, doc: Document, error: DocumentError, attempts: int) -> dict[str, Any]:
+        """One history entry: what went wrong, where, at which attempt, when."""
+        return {
+            "reason": error.reason,
+            "kind": error.kind,
+            "stage": error.stage,
+            "attempt": attempts,
+            "at": now_iso(self.runtime.clock()),
+            **({"detail": error.detail} if error.detail else {}),
+        }
+
+    async def handle(self, doc_id: str, error: DocumentError) -> Outcome:
+        """Decide what a failed attempt leads to: a wait, a retry, or failed/."""
+        journal, settings = self.runtime.journal, self.runtime.settings
+        doc = await journal.call(journal.get, doc_id)
+        if isinstance(error, WaitError):
+            return await self._wait(doc, error)
+        attempts = doc.attempts + 1
+        if error.permanent or attempts >= settings.max_attempts:
+            return await self.fail(doc, error)
+        delay = backoff_seconds(settings.retry_backoff_seconds, attempts)
+        await journal.call(journal.record_attempt_failure, doc.id, self.entry(doc, error, attempts), final=False,
+                           retry_at=self.runtime.clock() + delay)
+        log.warning("document will be retried", reason=error.reason, stage=error.stage, attempt=attempts,
+                    retry_in_s=round(delay, 1))
+        return Outcome(doc.id, "queued", reason=error.reason)
+
+    async def _wait(self, doc: Document, error: WaitError) -> Outcome:
+        """Queue the document again later; its attempts and history are left as they were (a long
+        outage must neither fail it nor grow its history by one entry per retry)."""
+        previous = doc.error if doc.error and doc.error.get("kind") == error.kind else None
+        waits = int(previous.get("waits", 0)) + 1 if previous else 1
+        delay = backoff_seconds(self.runtime.settings.retry_backoff_seconds, waits, MAX_WAIT_SECONDS)
+        entry = {**self.entry(doc, error, doc.attempts), "waits": waits}
+        journal = self.runtime.journal
+        await journal.call(journal.set_state, doc.id, "queued", error=entry,
+                           next_attempt_at=self.runtime.clock() + delay)
+        log.warning("the document waits", reason=error.reason, kind=error.kind, stage=error.stage,
+                    waits=waits, retry_in_s=round(delay, 1))
+        return Outcome(doc.id, "queued", reason=error.reason)
+
+    async def fail(self, doc: Document, error: DocumentError) -> Outcome:
+        """Move the original to failed/ with ``<name>.error.json`` beside it, and mark the document failed."""
+        runtime, journal = self.runtime, self.runtime.journal
+        inbox = runtime.inbox_of(doc)
+        attempts = doc.attempts + 1
+        entry = self.entry(doc, error, attempts)
+        claimed = Path(doc.claimed_path) if doc.claimed_path else None
+        target = Path(doc.final_path) if doc.final_path else None
+        if runtime.move_originals and claimed is not None:
+            if target is None:
+                rel = publish.safe_relative(Path(doc.rel_path))
+                target = await asyncio.to_thread(publish.free_name, inbox.failed / rel.parent, rel.name)
+                # Named before the move: a crash after it finds the original there (complete_after_crash).
+                await journal.call(journal.set_state, doc.id, doc.state, final_path=str(target))
+            report = failure_report(doc, inbox, entry, [*doc.history, entry])
+            try:
+                await asyncio.to_thread(_write_report_and_move, report, claimed, target)
+            except OSError as move_error:
+                # Queue it again (failed/ full or unwritable): left in its old state, it would
+                # only have been picked up again at the next start.
+                delay = max(runtime.settings.retry_backoff_seconds, 1.0)
+                log.error("cannot move the original to failed/; will try again", error=str(move_error),
+                          retry_in_s=delay)
+                await journal.call(journal.set_state, doc.id, "queued", next_attempt_at=runtime.clock() + delay)
+                return Outcome(doc.id, "queued", reason=f"cannot write to failed/: {move_error.strerror}")
+        await journal.call(journal.record_attempt_failure, doc.id, entry, final=True)
+        await runtime.clear_leftovers(doc, inbox)
+        log.warning("document failed", reason=error.reason, stage=error.stage, kind=entry["kind"],
+                    moved_to=str(target) if target else None)
+        return Outcome(doc.id, "failed", reason=error.reason)
+
+    async def report_only(self, doc: Document, inbox: InboxSettings, entry: dict[str, Any]) -> None:
+        """The original cannot be moved (no write access to the inbox), but the reason can be
+        written to failed/: without it, a person sees a file that is never processed and nothing
+        saying why."""
+        rel = publish.safe_relative(Path(doc.rel_path))
+        report = _report_bytes(failure_report(doc, inbox, entry, None))
+
+        def write() -> Path:
+            target = publish.free_name(inbox.failed / rel.parent, rel.name + REPORT_SUFFIX)
+            makedirs_durably(target.parent)
+            write_file_durably(target, report)
+            return target
+
+        try:
+            await asyncio.to_thread(write)
+        except OSError as error:
+            log.error("cannot write the failure report", error=str(error), folder=str(inbox.failed / rel.parent))
+
+    async def complete_after_crash(self, doc: Document, inbox: InboxSettings) -> Outcome | None:
+        """``fail`` writes the report, moves the original to failed/, then commits; a crash after the
+        move leaves the journal behind the disk. Finish the commit with the reason already written
+        instead of replacing it by "the original disappeared" (the true reason would be lost)."""
+        if not doc.final_path or not self.runtime.move_originals:
+            return None
+        final = Path(doc.final_path)
+        entry = await asyncio.to_thread(self._written_entry, final, inbox, doc)
+        if entry is None:
+            return None
+        journal = self.runtime.journal
+        await journal.call(journal.record_attempt_failure, doc.id, entry, final=True)
+        await self.runtime.clear_leftovers(doc, inbox)
+        log.warning("document failed (completed after a restart)", reason=entry.get("reason"), moved_to=str(final))
+        return Outcome(doc.id, "failed", reason=str(entry.get("reason", "")))
+
+    def _written_entry(self, final: Path, inbox: InboxSettings, doc: Document) -> dict[str, Any] | None:
+        """The last history entry of the report beside ``final`` in failed/, or None if not there."""
+        if not (final.exists() or final.is_symlink()) or not final.is_relative_to(inbox.failed):
+            return None
+        try:
+            report = json.loads(final.with_name(final.name + REPORT_SUFFIX).read_text(encoding="utf-8"))
+            return dict(report["history"][-1])
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            return {"reason": "processing failed before a crash; the report was lost", "kind": "permanent",
+                    "stage": "resume", "attempt": doc.attempts + 1, "at": now_iso(self.runtime.clock())}

@@ -1,0 +1,131 @@
+"""A settled name becomes a claimed journal row: the first step of a document's journey.
+
+``Intake.take_in`` hashes the file, journals it (``settled``), moves it into the inbox's
+``.chandrad/claimed/<doc_id>/`` (an atomic rename, so a scanner re-using the name cannot touch it)
+and marks it ``queued``. Files that can never be read (a link, a device) and copies of content
+already taken in are journaled too, then failed with their reason: every name that enters an
+inbox ends somewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import structlog
+
+from chandrad import folders, prepare
+from chandrad.config import InboxSettings
+from chandrad.durable import move_durably
+from chandrad.errors import DocumentError, DuplicateError, PermanentError
+from chandrad.failures import Failures
+from chandrad.journal import Document
+from chandrad.runtime import Runtime, now_iso
+from chandrad.watch import SettledFile
+
+log = structlog.get_logger("chandrad.intake")
+
+
+async def duplicate_of(runtime: Runtime, doc: Document, inbox: InboxSettings) -> DuplicateError | None:
+    """Why ``doc`` is a copy of a document taken in before it, or None."""
+    if inbox.duplicates != "skip" or not doc.sha256:
+        return None
+    journal = runtime.journal
+    twin = await journal.call(journal.find_duplicate, doc.sha256, doc.id, True)
+    if twin is None:
+        return None
+    where = f"published to {twin.output_dir}" if twin.output_dir and twin.state == "published" else (
+        "still being processed"
+    )
+    return DuplicateError(
+        f"it is identical to {twin.rel_path} (first seen {now_iso(twin.created_at)}, {where}); "
+        f"set duplicates = \"reprocess\" to process copies again",
+        stage="dedupe",
+    )
+
+
+def _hash_unchanged(settled: SettledFile) -> str | None:
+    """The file's sha256, or None when it changed while it was read (it must settle again)."""
+    sha256 = prepare.hash_file(settled.path)
+    st = settled.path.lstat()
+    return sha256 if (st.st_size, st.st_mtime_ns) == (settled.size, settled.mtime_ns) else None
+
+
+class Intake:
+    def __init__(self, runtime: Runtime, failures: Failures) -> None:
+        self.runtime = runtime
+        self.failures = failures
+        # Names being taken in right now. The daemon runs several intakes at once, and a name can
+        # be queued twice (a rescan re-announces it while intake is slow): the second would hash
+        # it, lose the race to claim it, and journal a phantom "vanished" document.
+        self._taking_in: set[Path] = set()
+
+    async def take_in(self, settled: SettledFile) -> Document | None:
+        """Journal and claim a settled file. Returns the queued document, or None if nothing is to do."""
+        if settled.path in self._taking_in:
+            return None  # another intake has this very name in hand
+        self._taking_in.add(settled.path)
+        try:
+            return await self._take_in(settled)
+        finally:
+            self._taking_in.discard(settled.path)
+
+    async def _take_in(self, settled: SettledFile) -> Document | None:
+        inbox, rel = settled.inbox, settled.rel_path
+        journal = self.runtime.journal
+        known = await journal.call(
+            journal.find_same_file, inbox.name, str(rel), settled.size, settled.mtime_ns, str(settled.path)
+        )
+        if known is not None:
+            return None  # a kept original, or a file we could not move: already accounted for
+        sha256 = ""
+        refusal: DocumentError | None = None
+        if settled.kind == "symlink":
+            refusal = PermanentError("it is a symbolic link; chandrad never follows links", stage="intake")
+        elif settled.kind == "special":
+            refusal = PermanentError("it is not a regular file (a pipe, socket or device)", stage="intake")
+        else:
+            try:
+                unchanged = await asyncio.to_thread(_hash_unchanged, settled)
+            except FileNotFoundError:
+                return None  # gone again before we got to it: nothing entered
+            except DocumentError as error:
+                refusal = error
+            else:
+                if unchanged is None:
+                    log.info("file changed while it was read; waiting for it to settle again",
+                             inbox=inbox.name, file=str(rel))
+                    return None
+                sha256 = unchanged
+        doc = await journal.call(journal.add_document, inbox.name, str(rel), sha256, settled.size, settled.mtime_ns)
+        doc = await self._claim(doc, settled)
+        if doc is None:
+            return None
+        if refusal is None:
+            refusal = await duplicate_of(self.runtime, doc, inbox)
+        if refusal is not None:
+            await self.failures.fail(doc, refusal)
+            return None
+        return doc
+
+    async def _claim(self, doc: Document, settled: SettledFile) -> Document | None:
+        """Move the file into the claimed area and mark the document queued."""
+        inbox, journal = settled.inbox, self.runtime.journal
+        claimed = folders.claimed_path(inbox.path, doc.id, settled.rel_path)
+        try:
+            await asyncio.to_thread(move_durably, settled.path, claimed)
+        except FileNotFoundError:
+            await journal.call(journal.forget, doc.id)  # gone before it was taken in: no document
+            return None
+        except OSError as error:
+            reason = (f"chandrad cannot move the file out of the inbox: {error.strerror}; give its user "
+                      f" write access to the folder and drop the file again (it was left where it is)")
+            log.error("cannot claim file", inbox=inbox.name, file=str(settled.rel_path), error=str(error))
+            entry = {"reason": reason, "kind": "permanent", "stage": "intake", "attempt": 1,
+                     "at": now_iso(self.runtime.clock())}
+            await self.failures.report_only(doc, inbox, entry)
+            await journal.call(journal.set_state, doc.id, "failed", error=entry, history=[entry])
+            return None
+        doc = await journal.call(journal.set_state, doc.id, "queued", claimed_path=str(claimed))
+        log.info("document queued", doc=doc.id, inbox=inbox.name, file=str(settled.rel_path), size=settled.size)
+        return doc

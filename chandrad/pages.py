@@ -1,0 +1,144 @@
+"""The ``inferring`` step: a prepared document's pages through the engine into the journal.
+
+Pages are rendered one at a time, never more than one ahead of the engine, and up to
+``max_pages_in_flight`` (shared by all documents) are at the engine at once. Each page's result
+(its HTML, and the figures cropped into the staging folder) is committed as it arrives, so a
+document interrupted at page 400 resumes at page 400. A page the engine can never read is
+recorded as failed; the document decides at publish time whether its gaps are acceptable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import structlog
+from structlog.contextvars import bound_contextvars
+
+from chandrad import prepare, publish
+from chandrad.config import InboxSettings
+from chandrad.engine.base import PageRequest
+from chandrad.errors import DocumentError, InboxUnreachableError, PermanentError, TransientError
+from chandrad.folders import inbox_reachable
+from chandrad.journal import Document, PageRecord
+from chandrad.runtime import Runtime
+
+log = structlog.get_logger("chandrad.pages")
+
+
+def check_inbox_reachable(inbox: InboxSettings) -> None:
+    """Raise InboxUnreachableError when a claimed original is missing because the whole inbox is:
+    the file is not lost and must not be declared so. Blocking: run in a thread."""
+    if not inbox_reachable(inbox.path):
+        raise InboxUnreachableError(
+            f"the inbox {inbox.path} is not reachable (unmounted or removed?); waiting for it to return",
+            stage="resume",
+        )
+
+
+def _first_document_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The most telling error of a failed page group: a DocumentError, else whatever broke first."""
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            return _first_document_error(error)
+        if isinstance(error, DocumentError):
+            return error
+    for error in group.exceptions:
+        if not isinstance(error, asyncio.CancelledError):
+            return error
+    return group.exceptions[0]
+
+
+class PageReader:
+    def __init__(self, runtime: Runtime, page_slots: asyncio.Semaphore) -> None:
+        self.runtime = runtime
+        self.page_slots = page_slots
+
+    async def read_pages(
+        self, doc: Document, inbox: InboxSettings, prepared: prepare.PreparedDocument, done: set[int], staging: Path
+    ) -> None:
+        """Every page not in ``done`` to the engine; raises if the document cannot go on."""
+        todo = [n for n in range(1, prepared.page_count + 1) if n not in done]
+        blank_pages = 0
+        settings = self.runtime.settings
+        await asyncio.to_thread(staging.mkdir, parents=True, exist_ok=True)
+        try:
+            async with asyncio.TaskGroup() as group:
+                for page_no in todo:
+                    # Render the next page while earlier ones are at the engine; never more than one ahead.
+                    try:
+                        page = await asyncio.to_thread(prepared.render, page_no, settings.prepare)
+                    except PermanentError as page_error:
+                        await self._render_failed(doc, inbox, prepared, page_no, page_error)
+                        continue
+                    if prepared.repair_warning and await asyncio.to_thread(prepare.is_blank, page.image):
+                        blank_pages += 1
+                    await self.page_slots.acquire()
+                    # Released by a done-callback: it runs even for a task cancelled before it started.
+                    group.create_task(self._read(doc, inbox, page, prepared.page_count, staging)).add_done_callback(
+                        lambda _: self.page_slots.release()
+                    )
+                    del page
+        except BaseExceptionGroup as group_error:
+            raise _first_document_error(group_error) from None
+        if prepared.repair_warning and not done and blank_pages == prepared.page_count:
+            # A truncated scan "repaired" into blank pages would be published as an empty document
+            # and its original archived: the person would never learn that nothing had been read.
+            raise PermanentError(
+                f"the PDF is damaged (cut short or corrupted?): its structure could be repaired but none of its "
+                f"{prepared.page_count} page(s) has content left to read ({prepared.repair_warning})",
+                stage="render",
+            )
+
+    async def _render_failed(
+        self, doc: Document, inbox: InboxSettings, prepared: prepare.PreparedDocument, page_no: int,
+        error: PermanentError,
+    ) -> None:
+        if not await asyncio.to_thread(prepared.source.exists):
+            # The file went away under the renderer (inbox unmounted mid-document): not this
+            # page's fault; recording it failed would fail the document.
+            await asyncio.to_thread(check_inbox_reachable, inbox)
+            raise PermanentError("the claimed original disappeared while it was being read", stage="render") from None
+        await self.record_failed(doc.id, page_no, error, (0, 0))
+
+    async def _read(
+        self, doc: Document, inbox: InboxSettings, page: prepare.PageImage, page_count: int, staging: Path
+    ) -> None:
+        engine, journal, settings = self.runtime.engine, self.runtime.journal, self.runtime.settings
+        timeout = settings.engine.page_timeout_seconds
+        with bound_contextvars(page=page.page_no):
+            request = PageRequest(doc.id, page.page_no, page.image, inbox.prompt_type)
+            try:
+                result = await asyncio.wait_for(engine.ocr(request), timeout)
+            except PermanentError as page_error:  # this page can never be read; the others may
+                await self.record_failed(doc.id, page.page_no, page_error, page.image.size)
+                return
+            except TimeoutError:
+                raise TransientError(
+                    f"page {page.page_no}: the engine did not answer within {timeout:.0f} s", stage="engine"
+                ) from None
+            rendered = await asyncio.to_thread(
+                publish.save_page_images, result.html, page.image, staging / "images", page.page_no
+            )
+            await journal.call(
+                journal.record_page,
+                PageRecord(
+                    doc_id=doc.id, page_no=page.page_no, width=page.image.width, height=page.image.height,
+                    html=result.html, prompt_tokens=result.prompt_tokens, output_tokens=result.output_tokens,
+                    finish_reason=result.finish_reason, retries=result.retries, latency_s=result.latency_s,
+                    engine=engine.name, model=engine.model, image_names=rendered.image_names,
+                    chunks=tuple(rendered.chunks),
+                ),
+            )
+            log.info("page done", page=page.page_no, of=page_count, seconds=round(result.latency_s, 2),
+                     tokens=result.output_tokens, retries=result.retries,
+                     engine_peak_running=engine.status().peak_running)
+
+    async def record_failed(self, doc_id: str, page_no: int, error: DocumentError, size: tuple[int, int]) -> None:
+        engine, journal = self.runtime.engine, self.runtime.journal
+        log.warning("page failed", page=page_no, reason=error.reason)
+        await journal.call(
+            journal.record_page,
+            PageRecord(doc_id=doc_id, page_no=page_no, width=size[0], height=size[1], html="", error=error.reason,
+                       engine=engine.name, model=engine.model),
+        )

@@ -1,0 +1,75 @@
+"""What every step of a document's journey works with, passed in (never global), and its outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chandrad import folders, prepare
+from chandrad.config import InboxSettings, Settings
+from chandrad.engine.base import Engine
+from chandrad.journal import Document, Journal
+
+
+@dataclass(frozen=True)
+class Outcome:
+    doc_id: str
+    state: str  # "published" | "failed" | "queued" (will be retried)
+    output_dir: Path | None = None
+    reason: str = ""
+
+
+def now_iso(ts: float | None = None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts if ts is not None else time.time()))
+
+
+@dataclass
+class Runtime:
+    """The settings, the journal and the engine; and the inboxes documents belong to.
+
+    ``move_originals`` is False for ``chandrad once``: files given on the command line are read
+    where they are and never moved.
+    """
+
+    settings: Settings
+    journal: Journal
+    engine: Engine
+    move_originals: bool = True
+    clock: Callable[[], float] = time.time
+    inboxes: dict[str, InboxSettings] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.inboxes = {**self.inboxes, **{inbox.name: inbox for inbox in self.settings.inbox}}
+
+    def update_settings(self, settings: Settings) -> None:
+        """After a reload: documents of an inbox that vanished from the config keep its old settings."""
+        self.settings = settings
+        self.inboxes.update({inbox.name: inbox for inbox in settings.inbox})
+
+    def inbox_of(self, doc: Document) -> InboxSettings:
+        return self.inboxes[doc.inbox]
+
+    def staging_dir(self, inbox: InboxSettings, doc_id: str) -> Path:
+        return folders.staging_dir(inbox.outbox, doc_id)
+
+    def work_dir(self, doc_id: str) -> Path:
+        return folders.work_dir(self.settings.state_dir, doc_id)
+
+    async def clear_leftovers(self, doc: Document, inbox: InboxSettings) -> None:
+        """A document is final: its page rows, staging and work folders and empty claim folder go."""
+        await self.journal.call(self.journal.drop_pages, doc.id)
+        await asyncio.to_thread(self._remove_folders, doc, inbox)
+
+    def _remove_folders(self, doc: Document, inbox: InboxSettings) -> None:
+        shutil.rmtree(self.staging_dir(inbox, doc.id).parent, ignore_errors=True)
+        prepare.cleanup(self.work_dir(doc.id))
+        if doc.claimed_path and self.move_originals:
+            try:
+                os.rmdir(Path(doc.claimed_path).parent)
+            except OSError:
+                pass  # not empty (someone's file) or already gone

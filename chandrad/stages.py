@@ -1,0 +1,273 @@
+"""A claimed document's journey, one step per journal state, in the order ``_journey`` shows.
+
+    queued ─▶ preparing ─▶ inferring ─▶ publishing ─▶ published
+              (prepare)    (pages.py)   (outputs)     (the original's last move)
+       └─────────── any step's error ─▶ failures.py: a retry, a wait, or failed/
+
+Every step commits its state to the journal before the filesystem move that follows it, and
+every move is idempotent, so a document interrupted anywhere (crash, ``kill -9``, SIGTERM)
+resumes where it was when ``run`` is called again: ``resume`` decides where that is. Blocking work
+(rendering, writing, probing a share) runs in threads; the event loop only sequences.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+from structlog.contextvars import bound_contextvars
+
+from chandrad import prepare, publish
+from chandrad.config import InboxSettings
+from chandrad.durable import move_durably, rename_dir_durably
+from chandrad.errors import DiskFullError, DocumentError, PermanentError, TransientError, is_disk_full
+from chandrad.failures import Failures
+from chandrad.folders import probe
+from chandrad.intake import duplicate_of
+from chandrad.journal import Document, PageRecord
+from chandrad.pages import PageReader, check_inbox_reachable
+from chandrad.runtime import Outcome, Runtime
+
+log = structlog.get_logger("chandrad.stages")
+
+
+@dataclass
+class Work:
+    """One document on its way: its journal row as last committed, and where its files are."""
+
+    doc: Document
+    inbox: InboxSettings
+    claimed: Path
+    staging: Path
+    prepared: prepare.PreparedDocument | None = None
+
+
+class DocumentStages:
+    def __init__(self, runtime: Runtime, failures: Failures) -> None:
+        self.runtime = runtime
+        self.failures = failures
+        settings = runtime.settings
+        self.pages = PageReader(runtime, asyncio.Semaphore(settings.engine.pages_in_flight(runtime.engine.name)))
+        self.prepare_slots = asyncio.Semaphore(settings.prepare.workers)
+
+    async def run(self, doc_id: str) -> Outcome:
+        """Carry one claimed document as far as it goes: published, failed, or queued for a retry."""
+        journal = self.runtime.journal
+        doc = await journal.call(journal.get, doc_id)
+        inbox = self.runtime.inbox_of(doc)
+        tools: set[subprocess.Popen[bytes]] = set()
+        token = prepare.running_tools.set(tools)
+        with bound_contextvars(doc=doc.id, inbox=inbox.name, file=doc.rel_path):
+            try:
+                return await self._journey(doc, inbox)
+            except DocumentError as error:
+                return await self.failures.handle(doc_id, error)
+            except asyncio.CancelledError:
+                # Stopping (drain deadline passed): the worker thread cannot be cancelled, but the
+                # program it waits for can; the document resumes at the next start.
+                if killed := prepare.kill_tools(tools):
+                    log.info("stopped the document's running programs", count=killed)
+                raise
+            except Exception as error:  # a bug must not kill the daemon; it is retried, then failed
+                if isinstance(error, OSError) and is_disk_full(error):  # wherever it hit: a page image, staging
+                    where = error.filename or error
+                    return await self.failures.handle(
+                        doc_id, DiskFullError(f"a disk is full: {where}", stage="write")
+                    )
+                log.exception("unexpected error while processing")
+                return await self.failures.handle(
+                    doc_id, TransientError(f"internal error: {type(error).__name__}: {error}", stage="internal")
+                )
+            finally:
+                prepare.running_tools.reset(token)
+
+    async def _journey(self, doc: Document, inbox: InboxSettings) -> Outcome:
+        """The steps in their order; each returns once its state is committed."""
+        started = time.monotonic()
+        assert doc.claimed_path is not None
+        work = Work(doc, inbox, Path(doc.claimed_path), self.runtime.staging_dir(inbox, doc.id))
+        resumed = await self.resume(work)
+        if resumed is not None:
+            return resumed
+        await self.prepare(work)  # → preparing, then inferring: the working copy and the page count
+        await self.infer(work)  # pages through the engine, each committed as it arrives
+        await self.publish(work)  # → publishing: the outputs renamed into the outbox
+        outcome = await self.finish(work)  # → published: the original archived, deleted or kept
+        log.info("document published", pages=work.doc.page_count, seconds=round(time.monotonic() - started, 2),
+                 output=str(outcome.output_dir))
+        return outcome
+
+    async def resume(self, work: Work) -> Outcome | None:
+        """Where an interrupted document stands: done but for its last move, failed already on
+        disk, a copy whose duplicate check a crash cut short, or (None) to be carried on."""
+        doc, inbox = work.doc, work.inbox
+        if doc.state == "publishing" and doc.output_dir:
+            output_dir = Path(doc.output_dir)
+            if await probe(inbox.outbox, lambda: not work.staging.exists() and _published_by(output_dir, doc.id)):
+                return await self.finish(work)  # renamed into place before a crash: only the original is left
+        if not await probe(inbox.path, work.claimed.exists):
+            finished = await self.failures.complete_after_crash(doc, inbox)
+            if finished is not None:
+                return finished
+            await probe(inbox.path, lambda: check_inbox_reachable(inbox))
+            raise PermanentError("the claimed original disappeared from the inbox's .chandrad folder", stage="resume")
+        if doc.state == "queued" and doc.attempts == 0:
+            # A crash between intake's claim and its duplicate check (or the check's move to
+            # failed/) leaves a copy queued: check again, or the copy would be published twice.
+            duplicate = await duplicate_of(self.runtime, doc, inbox)
+            if duplicate is not None:
+                return await self.failures.fail(doc, duplicate)
+        return None
+
+    async def prepare(self, work: Work) -> None:
+        journal, settings = self.runtime.journal, self.runtime.settings
+        work.doc = await journal.call(journal.set_state, work.doc.id, "preparing")
+        async with self.prepare_slots:
+            work.prepared = await asyncio.to_thread(
+                prepare.prepare_document, work.claimed, self.runtime.work_dir(work.doc.id), work.inbox.compress,
+                settings.prepare, work.inbox.pdf_password,
+            )
+        work.doc = await journal.call(journal.set_state, work.doc.id, "inferring",
+                                      page_count=work.prepared.page_count)
+
+    async def infer(self, work: Work) -> None:
+        journal = self.runtime.journal
+        assert work.prepared is not None
+        done = await journal.call(journal.done_page_numbers, work.doc.id)
+        log.info("document prepared", pages=work.prepared.page_count, done_before=len(done),
+                 kind=work.prepared.doc_type)
+        await self.pages.read_pages(work.doc, work.inbox, work.prepared, done, work.staging)
+
+    async def publish(self, work: Work) -> None:
+        """Page rows → the document's files, rendered and written in one thread hop, then renamed."""
+        doc, inbox, journal = work.doc, work.inbox, self.runtime.journal
+        pages = await journal.call(journal.pages, doc.id)
+        lost = await asyncio.to_thread(_pages_missing_figures, pages, work.staging)
+        if lost:
+            # The outbox was removed or re-created while the document was in progress: publishing
+            # would point at figures that do not exist. Those pages are read again.
+            await journal.call(journal.drop_pages, doc.id, lost)
+            raise TransientError(
+                f"the figures of page(s) {', '.join(map(str, lost[:10]))} vanished from the outbox's staging "
+                f"folder (outbox removed while working?); redoing them", stage="publish",
+            )
+        self._check_failed_pages(pages, doc.page_count or len(pages))
+        stem = publish.safe_component(Path(doc.rel_path).stem)
+        engine = self.runtime.engine
+        metadata = publish.document_metadata(doc.id, Path(doc.rel_path).name, inbox.name, engine.name, engine.model)
+        outputs = [_page_output(page) for page in pages]
+        try:
+            await asyncio.to_thread(publish.stage_document, work.staging, stem, outputs, inbox.formats, metadata)
+        except OSError as error:
+            raise _outbox_error(error) from None
+        await self._rename_into_outbox(work, stem)
+
+    def _check_failed_pages(self, pages: list[PageRecord], page_count: int) -> None:
+        """Fail the document if more of its pages failed than max_page_error_rate allows."""
+        rate = self.runtime.settings.max_page_error_rate
+        failed = [page for page in pages if page.error]
+        if not failed or len(failed) / page_count <= rate:
+            return
+        if page_count == 1:
+            raise PermanentError(failed[0].error or "the page could not be read", stage="engine")
+        details = "; ".join(f"page {page.page_no}: {page.error}" for page in failed[:10])
+        raise PermanentError(
+            f"{len(failed)} of {page_count} pages could not be read ({details}); "
+            f"max_page_error_rate = {rate} allows publishing with gaps",
+            stage="engine",
+        )
+
+    async def _rename_into_outbox(self, work: Work, stem: str) -> None:
+        doc, inbox, journal = work.doc, work.inbox, self.runtime.journal
+        rel_dir = publish.safe_relative(Path(doc.rel_path)).parent
+        base = inbox.outbox
+        if inbox.date_prefix:
+            base = base / time.strftime("%Y/%m", time.localtime(doc.created_at))
+        for _ in range(100):
+            target = await asyncio.to_thread(
+                lambda: publish.free_name(publish.output_folder(base, rel_dir), stem, is_dir=True)
+            )
+            # Named before the rename: after a crash, resume finds the outputs there (_published_by).
+            work.doc = await journal.call(journal.set_state, doc.id, "publishing", output_dir=str(target))
+            try:
+                await asyncio.to_thread(rename_dir_durably, work.staging, target)
+                return
+            except OSError as error:
+                if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    continue  # another document took the name a moment ago: pick the next free one
+                raise _outbox_error(error) from None
+        raise TransientError("no free output name found", stage="publish")
+
+    async def finish(self, work: Work) -> Outcome:
+        """The outputs are in place: archive, delete or keep the original, then mark the document published."""
+        runtime, journal = self.runtime, self.runtime.journal
+        doc = await journal.call(journal.get, work.doc.id)
+        inbox = work.inbox
+        if runtime.move_originals and doc.claimed_path is not None:
+            claimed = Path(doc.claimed_path)
+            if inbox.on_success == "delete":
+                await asyncio.to_thread(claimed.unlink, missing_ok=True)
+            else:
+                folder = inbox.archive if inbox.on_success == "archive" else inbox.path
+                assert folder is not None
+                if doc.final_path:
+                    target = Path(doc.final_path)
+                else:
+                    rel = publish.safe_relative(Path(doc.rel_path))
+                    target = await asyncio.to_thread(publish.free_name, folder / rel.parent, rel.name)
+                    await journal.call(journal.set_state, doc.id, "publishing", final_path=str(target))
+                await asyncio.to_thread(_move_if_there, claimed, target)
+        await journal.call(journal.set_state, doc.id, "published", error=None)
+        await runtime.clear_leftovers(doc, inbox)
+        return Outcome(doc.id, "published", Path(doc.output_dir) if doc.output_dir else None)
+
+
+def _page_output(page: PageRecord) -> publish.PageOutput:
+    return publish.PageOutput(
+        page_no=page.page_no, html=page.html, width=page.width, height=page.height,
+        chunks=list(page.chunks), image_names=page.image_names, error=page.error,
+        stats={
+            "prompt_tokens": page.prompt_tokens, "output_tokens": page.output_tokens,
+            "finish_reason": page.finish_reason, "retries": page.retries,
+            "latency_s": round(page.latency_s, 3), "engine": page.engine, "model": page.model,
+        },
+    )
+
+
+def _outbox_error(error: OSError) -> DocumentError:
+    if is_disk_full(error):
+        return DiskFullError("the outbox's disk is full", stage="publish")
+    return TransientError(f"cannot write to the outbox: {error.strerror}", stage="publish")
+
+
+def _pages_missing_figures(pages: list[PageRecord], staging: Path) -> list[int]:
+    """Pages whose cropped figures are no longer in the staging folder."""
+    return [page.page_no for page in pages
+            if any(not (staging / "images" / name).is_file() for name in page.image_names)]
+
+
+def _move_if_there(claimed: Path, target: Path) -> None:
+    if claimed.exists():
+        move_durably(claimed, target)
+
+
+def _published_by(output_dir: Path, doc_id: str) -> bool:
+    """Whether ``output_dir`` holds this document's outputs. The journal names the output folder
+    before the rename; if the rename never happened and the staging copy is gone too (outbox
+    wiped), another document may have taken that name since, and calling it ours would mark this
+    document published with someone else's outputs and archive its original unread. The JSON
+    names its document; without a JSON (formats without "json") the folder is trusted."""
+    if not output_dir.is_dir():
+        return False
+    for candidate in output_dir.glob("*.json"):
+        try:
+            return bool(json.loads(candidate.read_text(encoding="utf-8")).get("doc_id") == doc_id)
+        except (OSError, ValueError, AttributeError):
+            return False
+    return True
