@@ -14,11 +14,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from chandrad.engine.processes import kill_tree
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO.parent / "shared" / "corpus"
+
+
+@pytest.fixture(autouse=True)
+def _reset_logging() -> Iterator[None]:
+    """Undo ``configure_logging`` after each test: a command run in-process (``CliRunner``) points
+    structlog at its captured stderr, which is gone once the command returns."""
+    yield
+    structlog.reset_defaults()
 
 
 def corpus_file(name: str) -> Path:
@@ -64,12 +73,12 @@ class DaemonProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, env: dict[str, str] | None = None, wait_until_watching: bool = True) -> DaemonProcess:
-        log = open(self.log_path, "ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chandrad", "run", "--config", str(self.config)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root,
-        )
+        with open(self.log_path, "ab") as log:  # the child has its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "chandrad", "run", "--config", str(self.config)],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root,
+            )
         if not wait_until_watching:
             return self
         wait_for(lambda: any(e.get("event") == "watching inbox" for e in self.events()) or self._died(),
@@ -136,10 +145,10 @@ class DaemonProcess:
         found = []
         for base in (self.outbox / ".chandrad" / "staging", self.inbox / ".chandrad" / "claimed"):
             if base.exists():
-                found += [p for p in base.rglob("*")]
+                found += list(base.rglob("*"))
         for base in (self.outbox, self.archive, self.failed):
             if base.exists():
-                found += [p for p in base.rglob("*.tmp")]
+                found += list(base.rglob("*.tmp"))
         return found
 
 

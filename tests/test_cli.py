@@ -1,23 +1,33 @@
-"""``chandrad once``, ``status`` and ``check`` as a user runs them."""
+"""``chandrad once``, ``status``, ``check`` and ``run``'s refusals, called in-process as a user runs them."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from pathlib import Path
 
+from click.testing import CliRunner, Result
+
+from chandrad.cli import EXIT_CONFIG, EXIT_FAILED, main
+from chandrad.journal import Journal
 from tests.conftest import corpus_file
 
 
-def chandrad(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "chandrad", *args], capture_output=True, text=True, timeout=300,
-                          cwd=cwd)
+def chandrad(*args: str) -> Result:
+    """The command line, in this process: exit code, stdout and stderr as a user would see them."""
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def write_config(tmp_path: Path, text: str) -> Path:
+    config = tmp_path / "c.toml"
+    config.write_text(text)
+    return config
 
 
 def test_once_publishes_and_exits_zero(tmp_path):
     result = chandrad("once", str(corpus_file("trivial.pdf")), "-o", str(tmp_path / "out"), "--engine", "tesseract")
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     assert json.loads((tmp_path / "out" / "trivial" / "trivial.json").read_text())["num_pages"] == 1
+    assert f"{corpus_file('trivial.pdf')}: {tmp_path / 'out' / 'trivial'}" in result.stdout
     assert corpus_file("trivial.pdf").exists(), "once never moves the originals"
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["trivial"], "no working folders left"
 
@@ -25,38 +35,81 @@ def test_once_publishes_and_exits_zero(tmp_path):
 def test_once_reports_each_failed_document_in_one_line_without_a_traceback(tmp_path):
     empty = tmp_path / "empty.pdf"
     empty.write_bytes(b"")
+    missing = tmp_path / "missing.pdf"
     result = chandrad("once", str(corpus_file("trivial.pdf")), str(corpus_file("encrypted.pdf")), str(empty),
-                      str(tmp_path / "missing.pdf"), "-o", str(tmp_path / "out"), "--engine", "tesseract")
-    assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
-    failures = [line for line in lines if ": failed: " in line or "no such file" in line]
+                      str(missing), "-o", str(tmp_path / "out"), "--engine", "tesseract")
+    assert result.exit_code == EXIT_FAILED
+    failures = [line for line in result.stderr.splitlines() if ": failed: " in line]
     assert len(failures) == 3, result.stderr
     assert any("encrypted.pdf: failed: the PDF is password-protected" in line for line in failures)
-    assert any("empty.pdf: failed: the file is empty" in line for line in failures)
+    assert any(line.startswith(f"{empty}: failed: the file is empty") for line in failures)
+    assert f"{missing}: failed: no such file" in failures
     assert "Traceback" not in result.stderr
     assert (tmp_path / "out" / "trivial" / "trivial.md").exists()
 
 
-def test_status_summarises_the_journal(tmp_path):
-    config = tmp_path / "c.toml"
-    config.write_text(f'state_dir = "{tmp_path}/state"\n[[inbox]]\npath = "{tmp_path}/in"\n')
-    assert chandrad("status", "--config", str(config)).returncode == 1  # no journal yet: says so
-    from chandrad.journal import Journal
+def test_status_without_a_journal_says_so_and_exits_one(tmp_path):
+    config = write_config(tmp_path, f'state_dir = "{tmp_path}/state"\n[[inbox]]\npath = "{tmp_path}/in"\n')
+    result = chandrad("status", "--config", str(config))
+    assert result.exit_code == EXIT_FAILED
+    assert f"no journal at {tmp_path}/state/journal.sqlite3" in result.stderr
 
+
+def test_status_summarises_the_journal(tmp_path):
+    config = write_config(tmp_path, f'state_dir = "{tmp_path}/state"\n[[inbox]]\npath = "{tmp_path}/in"\n')
     (tmp_path / "state").mkdir()
     journal = Journal(tmp_path / "state" / "journal.sqlite3")
-    doc = journal.add_document("in", "a.pdf", "ff", 1, 1)
-    journal.set_state(doc.id, "failed", error={"reason": "the PDF is password-protected"})
+    failed = journal.add_document("in", "a.pdf", "ff", 1, 1)
+    journal.set_state(failed.id, "failed", error={"reason": "the PDF is password-protected"})
+    working = journal.add_document("in", "b.pdf", "ee", 1, 1)
+    journal.set_state(working.id, "inferring", page_count=4)
     journal.close()
+
     result = chandrad("status", "--config", str(config), "--json")
+    assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["counts"] == {"failed": 1}
-    assert report["recent_failures"][0]["reason"] == "the PDF is password-protected"
+    assert report["counts"] == {"failed": 1, "inferring": 1}
+    assert [(item["file"], item["state"], item["pages"]) for item in report["in_flight"]] == [("b.pdf", "inferring", 4)]
+    assert [(item["file"], item["reason"]) for item in report["recent_failures"]] == [
+        ("a.pdf", "the PDF is password-protected")]
+
+    text = chandrad("status", "--config", str(config)).stdout.splitlines()
+    assert text[0] == "documents: failed 1, inferring 1"
+    assert "  in flight: b.pdf (in) — inferring" in text
+    assert any(line.startswith("  failed ") and line.endswith("a.pdf — the PDF is password-protected") for line in text)
 
 
 def test_check_reports_tools_and_folders(tmp_path):
-    config = tmp_path / "c.toml"
-    config.write_text(f'state_dir = "{tmp_path}/state"\n[engine]\nkind = "tesseract"\n[[inbox]]\npath = "{tmp_path}/in"\n')
+    config = write_config(
+        tmp_path, f'state_dir = "{tmp_path}/state"\n[engine]\nkind = "tesseract"\n[[inbox]]\npath = "{tmp_path}/in"\n'
+    )
     result = chandrad("check", "--config", str(config))
-    assert result.returncode == 0, result.stdout
+    assert result.exit_code == 0, result.stdout
     assert "[ok] gs" in result.stdout and "[ok] pdftoppm" in result.stdout and "[ok] engine: tesseract" in result.stdout
+    assert f"[ok] folders: {tmp_path}/in" in result.stdout and (tmp_path / "in").is_dir()
+
+
+def test_check_fails_with_exit_one_when_a_folder_cannot_be_created(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    config = write_config(tmp_path, f'state_dir = "{tmp_path}/state"\n[[inbox]]\npath = "{blocker}/inbox"\n')
+    result = chandrad("check", "--config", str(config))
+    assert result.exit_code == EXIT_FAILED
+    assert "[FAIL] folders: " in result.stdout and "cannot create folder" in result.stdout
+
+
+def test_run_exits_two_with_one_clear_line_per_config_problem(tmp_path):
+    config = write_config(tmp_path, f'[[inbox]]\npath = "{tmp_path}/in"\noutbox = "{tmp_path}/in/out"\nbogus = 1\n')
+    result = chandrad("run", "--config", str(config))
+    assert result.exit_code == EXIT_CONFIG
+    assert "bogus: unknown key" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_run_exits_two_when_a_folder_cannot_be_created(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    config = write_config(tmp_path, f'state_dir = "{tmp_path}/state"\n[[inbox]]\npath = "{blocker}/inbox"\n')
+    result = chandrad("run", "--config", str(config))
+    assert result.exit_code == EXIT_CONFIG
+    assert "cannot create folder" in result.stderr and "Traceback" not in result.stderr
