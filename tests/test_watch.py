@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -63,8 +64,15 @@ def test_include_and_ignore_patterns_apply_case_insensitively():
     assert rules.ignored(Path("Draft-1.pdf"))
 
 
+def test_the_filesystem_type_is_the_one_of_the_longest_mount_point_holding_the_path(tmp_path):
+    findmnt = subprocess.run(["findmnt", "--noheadings", "--output", "FSTYPE", "--target", str(tmp_path)],
+                             capture_output=True, text=True, check=True)
+    assert mount_fs_type(tmp_path) == findmnt.stdout.strip()
+    assert mount_fs_type(Path("/proc/self/status")) == "proc", "/proc is mounted below /: the deeper mount wins"
+    assert mount_fs_type(Path("/proc")) == "proc", "a mount point itself belongs to its own mount"
+
+
 def test_polling_is_chosen_for_network_mounts_and_can_be_forced(tmp_path, monkeypatch):
-    assert mount_fs_type(tmp_path) != ""
     local = InboxSettings(path=tmp_path / "in")
     assert wants_polling(local) is False
     assert wants_polling(InboxSettings(path=tmp_path / "in", polling=True)) is True
@@ -81,10 +89,10 @@ async def test_watcher_finds_existing_files_at_start_and_respects_recursive(tmp_
     (inbox_dir / "junk.tmp").write_bytes(b"x")
     now = [0.0]
     for recursive, expected in ((True, {"top.pdf", "sub/deep.pdf"}), (False, {"top.pdf"})):
-        emitted = []
+        emitted: list[str] = []
 
-        async def emit(settled):
-            emitted.append(str(settled.rel_path))
+        async def emit(settled, into=emitted):
+            into.append(str(settled.rel_path))
 
         inbox = InboxSettings(path=inbox_dir, settle_seconds=1, recursive=recursive)
         watcher = InboxWatcher(inbox, emit, clock=lambda: now[0])
