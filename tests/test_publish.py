@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path, PurePosixPath
 
@@ -9,7 +10,13 @@ import pytest
 from PIL import Image
 
 from chandrad.publish import (
-    PageOutput, free_name, publish_directory, render_document, safe_component, safe_relative, save_page_images,
+    PageOutput,
+    free_name,
+    publish_directory,
+    render_document,
+    safe_component,
+    safe_relative,
+    save_page_images,
 )
 
 HTML = (
@@ -71,7 +78,16 @@ def test_publish_renames_a_complete_directory_into_place(tmp_path):
     publish_directory(staging, {"report.md": b"# hi\n", "report.json": b"{}"}, target)
     assert sorted(p.name for p in target.iterdir()) == ["report.json", "report.md"]
     assert not staging.exists()
-    with pytest.raises(OSError):  # never over an existing document
-        staging.mkdir(parents=True)
-        (target / "x").write_text("")
+
+
+def test_publish_never_replaces_an_existing_document_and_keeps_the_staged_copy(tmp_path):
+    staging = tmp_path / "outbox" / ".chandrad" / "staging" / "id" / "doc"
+    target = tmp_path / "outbox" / "report"
+    target.mkdir(parents=True)
+    (target / "report.md").write_bytes(b"# the published one\n")
+    with pytest.raises(OSError) as refused:
         publish_directory(staging, {"report.md": b"again"}, target)
+    assert refused.value.errno in (errno.ENOTEMPTY, errno.EEXIST)
+    assert sorted(p.name for p in target.iterdir()) == ["report.md"]
+    assert (target / "report.md").read_bytes() == b"# the published one\n"
+    assert (staging / "report.md").read_bytes() == b"again", "the staged outputs wait to be published elsewhere"
