@@ -22,6 +22,18 @@
 #   STACKS=SECONDS bench/gpu.sh bench ..  also sample the EngineCores' stacks with py-spy (start profile)
 #   bench/gpu.sh soak NAME [opts]     bench/soak_gpu.py: mixed paper sizes, recycle, kill -9, GPU memory
 #                                     curve; $OUT/NAME.json, NAME.csv, NAME.log
+#   bench/gpu.sh ceilings NAME        bench/profile_gpu.py ceilings: bf16 GEMM TFLOP/s (8192^3 and the
+#                                     stand-in's own shapes), copy GB/s, the vision encoder's attention per
+#                                     backend at one page's shape; $OUT/NAME.json
+#   bench/gpu.sh profile NAME AFTER SECONDS [opts]
+#                                     issue 19: on ONE GPU, the daemon run in-process by bench/profiled_daemon.py
+#                                     with vLLM's torch profiler (SECONDS of trace once AFTER timed pages are
+#                                     done), then the bare engine on the same pages (--phases daemon,bare, one
+#                                     compile cache: the second start is warm); the trace is grouped by
+#                                     bench/profile_gpu.py while the bare engine runs; $OUT/NAME.json,
+#                                     NAME-profile.json (+ .txt), NAME.log, NAME-daemon.log
+#   bench/gpu.sh pair NAME [opts]     one setting, bare vs daemon one after the other on ONE GPU, same pages,
+#                                     one compile cache (/root/vcache): $OUT/NAME.json (tune needs two GPUs)
 # The chandrad measured is the working tree that travelled with the call (SRC, committed first).
 # Both may be given in one call: bench/gpu.sh install && bench/gpu.sh bench smoke --pages 4 ...
 set -uo pipefail
@@ -148,6 +160,44 @@ soak() {
   return $rc
 }
 
+ceilings() {
+  python3 bench/profile_gpu.py ceilings --out "$OUT/$1.json" 2>&1 | grep -E "^\[ceilings\]|Error|error" | cut -c1-1500
+}
+
+pair() {
+  local name=$1; shift
+  bench "$name" --phases daemon,bare --bare-render --bare-cache /root/vcache --daemon-cache /root/vcache "$@"
+}
+
+profile() {
+  local name=$1 after=$2 seconds=$3; shift 3
+  local dir=/root/prof-$name rec=/root/work-$name/daemon/profile-record.json summ= rc
+  rm -rf "$dir" && mkdir -p "$dir"
+  pair "$name" --daemon-profile "{\"dir\": \"$dir\", \"after_pages\": $after, \"seconds\": $seconds}" "$@" &
+  local runner=$!
+  summarise() {
+    python3 bench/profile_gpu.py summarise "$dir" --record "$rec" --out "$OUT/$name-profile.json" \
+      > "$OUT/$name-profile.txt" 2>&1
+  }
+  while kill -0 $runner 2>/dev/null; do
+    # The record is written once stop_profile has returned, i.e. once the trace is on disk.
+    if [ -z "$summ" ] && [ -f "$rec" ]; then summarise & summ=$!; fi
+    sleep 2
+  done
+  wait $runner; rc=$?
+  if [ -n "$summ" ]; then wait "$summ"; elif [ -f "$rec" ]; then summarise; fi
+  ls -la "$dir" | tail -5
+  cat "$rec" 2>/dev/null | head -40
+  cat "$OUT/$name-profile.txt" 2>/dev/null
+  # The raw trace comes back only if small (the call returns files of 16 MiB at most).
+  for f in "$dir"/*.pt.trace.json*; do
+    [ -f "$f" ] || continue
+    gzip -1 -c "$f" > "/root/$name-trace.json.gz"
+    [ "$(stat -c %s "/root/$name-trace.json.gz")" -lt 15000000 ] && cp "/root/$name-trace.json.gz" "$OUT/"
+  done
+  return $rc
+}
+
 cmd=${1:-}; shift || true
 case "$cmd" in
   install) install ;;
@@ -155,5 +205,8 @@ case "$cmd" in
   soak) soak "$@" ;;
   layouts) layouts "$@" ;;
   tune) tune "$@" ;;
-  *) echo "usage: bench/gpu.sh install | bench NAME [overhead.py options] | layouts NAME SECONDS \"LAYOUTS\" [options] | tune NAME SECONDS \"COMMON\" LABEL=\"OPTS\".. | soak NAME [soak_gpu.py options]"; exit 2 ;;
+  ceilings) ceilings "$@" ;;
+  pair) pair "$@" ;;
+  profile) profile "$@" ;;
+  *) echo "usage: bench/gpu.sh install | ceilings NAME | profile NAME AFTER SECONDS [options] | pair NAME [options] | bench NAME [overhead.py options] | layouts NAME SECONDS \"LAYOUTS\" [options] | tune NAME SECONDS \"COMMON\" LABEL=\"OPTS\".. | soak NAME [soak_gpu.py options]"; exit 2 ;;
 esac

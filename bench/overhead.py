@@ -119,6 +119,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(default: raw prompts, the established baseline of shared/device/bench_engine.py)")
     ap.add_argument("--daemon-cache", default=None,
                     help="daemon: VLLM_CACHE_ROOT, Triton cache inside (keep it between runs for warm compile caches)")
+    ap.add_argument("--daemon-profile", default=None, metavar="JSON",
+                    help='daemon: run it through bench/profiled_daemon.py (the same Daemon, in-process) with vLLM\'s '
+                         'torch profiler, e.g. {"dir": "/root/prof", "after_pages": 220, "seconds": 8}: the trace of '
+                         'SECONDS of steady state once AFTER_PAGES timed pages are done (bench/profile_gpu.py groups it)')
     return ap.parse_args(argv)
 
 
@@ -683,10 +687,17 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
         env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_config)
     state = root / "state"
     result: dict[str, Any] = {"config": config.read_text()}
+    command = [sys.executable, "-m", "chandrad", "run", "--config", str(config)]
+    profile_record = root / "profile-record.json"
+    if a.daemon_profile:
+        spec = json.loads(a.daemon_profile)
+        command = [sys.executable, str(REPO / "bench" / "profiled_daemon.py"), "--config", str(config),
+                   "--src", str(SRC), "--after-pages", str(spec["after_pages"]), "--seconds", str(spec["seconds"]),
+                   "--record", str(profile_record)]
+        env["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"  # preprocess/forward/postprocess/sample in the trace
     with open(log_path, "ab") as log:
         t = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "chandrad", "run", "--config", str(config)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
     try:
         deadline = time.monotonic() + a.start_timeout
         while not any(e.get("event") == "watching inbox" for e in read_events(log_path)):
@@ -756,6 +767,17 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
         for r in timed:
             states[r["state"]] = states.get(r["state"], 0) + 1
         result.update(rates(start, [r["updated_at"] for r in timed if r["state"] == "published"]))
+        if a.daemon_profile:
+            try:
+                record = json.loads(profile_record.read_text())
+            except (OSError, json.JSONDecodeError) as error:
+                record = {"error": f"no profile record: {error!r}"}
+            result["profile"] = record
+            stall = record.get("stop_stall_s")
+            if stall and result.get("wall_s") and result.get("pages_per_s"):
+                # The stop wrote the trace while the engine did no steps: the same pages without that pause.
+                published = round(result["pages_per_s"] * result["wall_s"])
+                result["pages_per_s_without_profiler_stall"] = round(published / (result["wall_s"] - stall), 4)
         result.update({"pages": len(timed), "states": states, "drop_s": round(drop_s, 3), "cpu": cpu_summary,
                        **gpu.summary(start, end)})
         # What the outbox says about each page (prompt tokens prove both sides did the same work).
@@ -904,6 +926,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"model {a.arch} written to {model} in {time.perf_counter() - t:.1f} s", flush=True)
         daemon_gpus = tuple(int(g) for g in a.daemon_gpus.split(","))
         settings = engine_settings(a, model, daemon_gpus, a.layout)  # the daemon's
+        if a.daemon_profile:  # only the daemon is profiled; profiler_config is not in vLLM's compile hash
+            spec = json.loads(a.daemon_profile)
+            profiler = {"profiler": "torch", "torch_profiler_dir": spec["dir"], "torch_profiler_with_stack": False,
+                        "torch_profiler_use_gzip": False, "torch_profiler_dump_cuda_time_total": False,
+                        "ignore_frontend": True}
+            settings = settings.model_copy(update={"engine_args": {**settings.engine_args,
+                                                                   "profiler_config": profiler}})
         bare_settings = engine_settings(a, model, (a.bare_gpu,), "single")
         if a.concurrent and a.bare_gpu in daemon_gpus:
             raise SystemExit("--concurrent needs the bare engine on a GPU the daemon does not use")
