@@ -33,7 +33,10 @@ EXIT_STARTUP = 3
 log = structlog.get_logger("chandrad.cli")
 
 config_option = click.option(
-    "--config", "config_path", type=click.Path(path_type=Path), default=None,
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    default=None,
     help="TOML config file (default: $CHANDRAD_CONFIG, then /etc/chandrad/config.toml, then embedded defaults).",
 )
 
@@ -80,8 +83,14 @@ def run(config_path: Path | None) -> None:
 
 @main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-o", "--output", "output_dir", required=True, type=click.Path(path_type=Path),
-              help="Folder that receives one sub-folder per document.")
+@click.option(
+    "-o",
+    "--output",
+    "output_dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Folder that receives one sub-folder per document.",
+)
 @click.option("--engine", "engine_kind", type=click.Choice(["auto", "vllm", "tesseract"]), default=None)
 @config_option
 def once(files: tuple[Path, ...], output_dir: Path, engine_kind: str | None, config_path: Path | None) -> None:
@@ -109,10 +118,17 @@ async def _convert_once(settings: Settings, files: tuple[Path, ...], output_dir:
     with tempfile.TemporaryDirectory(prefix="chandrad-once-") as scratch:
         scratch_path = Path(scratch)
         inbox = InboxSettings(
-            path=scratch_path / "inbox", outbox=output_dir, failed=scratch_path / "failed", name="once",
-            on_success="keep", duplicates="reprocess",
-            **({key: getattr(template, key) for key in ("prompt_type", "formats", "compress", "pdf_password")}
-               if template else {}),
+            path=scratch_path / "inbox",
+            outbox=output_dir,
+            failed=scratch_path / "failed",
+            name="once",
+            on_success="keep",
+            duplicates="reprocess",
+            **(
+                {key: getattr(template, key) for key in ("prompt_type", "formats", "compress", "pdf_password")}
+                if template
+                else {}
+            ),
         )
         once_settings = settings.model_copy(
             update={"state_dir": scratch_path / "state", "inbox": (inbox,), "retry_backoff_seconds": 0.0}
@@ -175,29 +191,43 @@ def status(config_path: Path | None, as_json: bool) -> None:
     journal = Journal(journal_path)
     try:
         counts = journal.counts()
-        in_flight = [doc for doc in journal.unfinished()]
+        in_flight = journal.unfinished()
         failed = journal.recent(10, state="failed")
     finally:
         journal.close()
     report = {
         "counts": counts,
         "in_flight": [
-            {"doc": d.id, "inbox": d.inbox, "file": d.rel_path, "state": d.state, "pages": d.page_count,
-             "attempts": d.attempts} for d in in_flight
+            {
+                "doc": d.id,
+                "inbox": d.inbox,
+                "file": d.rel_path,
+                "state": d.state,
+                "pages": d.page_count,
+                "attempts": d.attempts,
+            }
+            for d in in_flight
         ],
         "recent_failures": [
-            {"doc": d.id, "inbox": d.inbox, "file": d.rel_path, "reason": (d.error or {}).get("reason", ""),
-             "at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.updated_at))} for d in failed
+            {
+                "doc": d.id,
+                "inbox": d.inbox,
+                "file": d.rel_path,
+                "reason": (d.error or {}).get("reason", ""),
+                "at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.updated_at)),
+            }
+            for d in failed
         ],
     }
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
     click.echo("documents: " + (", ".join(f"{state} {n}" for state, n in sorted(counts.items())) or "none yet"))
-    for item in report["in_flight"]:
-        click.echo(f"  in flight: {item['file']} ({item['inbox']}) — {item['state']}")
-    for item in report["recent_failures"]:
-        click.echo(f"  failed {item['at']}: {item['file']} — {item['reason']}")
+    for doc in in_flight:
+        click.echo(f"  in flight: {doc.rel_path} ({doc.inbox}) — {doc.state}")
+    for doc in failed:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(doc.updated_at))
+        click.echo(f"  failed {at}: {doc.rel_path} — {(doc.error or {}).get('reason', '')}")
 
 
 @main.command()

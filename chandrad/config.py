@@ -286,7 +286,7 @@ def _is_within(child: Path, parent: Path) -> bool:
 def _check_folder_layout(inboxes: tuple[InboxSettings, ...]) -> None:
     names = [inbox.name for inbox in inboxes]
     if len(set(names)) != len(names):
-        raise ValueError(f"inbox names must be unique, got {names}; set name = \"...\" on each [[inbox]]")
+        raise ValueError(f'inbox names must be unique, got {names}; set name = "..." on each [[inbox]]')
     all_inboxes = [inbox.path.resolve() for inbox in inboxes]
     for inbox in inboxes:
         for role, folder in inbox.destinations.items():

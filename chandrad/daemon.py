@@ -77,7 +77,9 @@ class Daemon:
     async def serve(self) -> int:
         loop = asyncio.get_running_loop()
         for signum, handler in (
-            (signal.SIGTERM, self.handle_exit), (signal.SIGINT, self.handle_exit), (signal.SIGHUP, self.handle_hup)
+            (signal.SIGTERM, self.handle_exit),
+            (signal.SIGINT, self.handle_exit),
+            (signal.SIGHUP, self.handle_hup),
         ):
             loop.add_signal_handler(signum, handler, signum)
         try:
@@ -99,12 +101,15 @@ class Daemon:
             except OSError as error:
                 raise ConfigError(
                     f"cannot serve metrics on {self.settings.metrics_address}: {error.strerror}; "
-                    f"change metrics_address (or set it to \"\" to turn metrics off)"
+                    f'change metrics_address (or set it to "" to turn metrics off)'
                 ) from None
         left_behind = await asyncio.to_thread(end_engines_left_behind, self.settings.state_dir)  # waits for them
         if left_behind:
-            log.warning("ended vLLM engine processes that a chandrad killed earlier had left running (they "
-                        "held GPU memory the new engines need)", pids=left_behind)
+            log.warning(
+                "ended vLLM engine processes that a chandrad killed earlier had left running (they "
+                "held GPU memory the new engines need)",
+                pids=left_behind,
+            )
         if self.engine is None:
             self.engine = create_engine(self.settings.engine, self.settings.state_dir)
         started = time.monotonic()
@@ -119,8 +124,12 @@ class Daemon:
                 return
         finally:
             keep_systemd_waiting.cancel()
-        log.info("engine ready", engine=self.engine.name, model=self.engine.model,
-                 seconds=round(time.monotonic() - started, 1))
+        log.info(
+            "engine ready",
+            engine=self.engine.name,
+            model=self.engine.model,
+            seconds=round(time.monotonic() - started, 1),
+        )
         self.observed = ObservedEngine(self.engine, self.metrics)
         self.pipeline = Pipeline(self.settings, self.journal, self.observed)
         for doc_id in await self.pipeline.recover():
@@ -178,8 +187,10 @@ class Daemon:
             self.work.stop_workers(len(workers))
             _, unfinished = await asyncio.wait(workers, timeout=self.settings.drain_seconds)
             if unfinished:
-                log.warning("drain deadline passed; in-flight documents resume at the next start",
-                            documents=sorted(self.work.active))
+                log.warning(
+                    "drain deadline passed; in-flight documents resume at the next start",
+                    documents=sorted(self.work.active),
+                )
                 for task in unfinished:
                     task.cancel()
 
@@ -257,8 +268,10 @@ class Daemon:
             try:
                 doc = await self.pipeline.take_in(settled)
             except Exception:
-                log.exception("intake failed; the file stays in the inbox and is retried at the next rescan",
-                              file=str(settled.path))
+                log.exception(
+                    "intake failed; the file stays in the inbox and is retried at the next rescan",
+                    file=str(settled.path),
+                )
                 continue
             if doc is not None:
                 self.work.put(doc.id)
@@ -276,9 +289,7 @@ class Daemon:
             waiting = len(self.work.waiting)
             if waiting < depth:
                 # The oldest due documents, including those already waiting here (still "queued").
-                due = await self.journal.call(
-                    self.journal.due_queued, time.time(), longest_backoff, waiting + depth
-                )
+                due = await self.journal.call(self.journal.due_queued, time.time(), longest_backoff, waiting + depth)
                 for doc_id in due:
                     self.work.put(doc_id)
             await asyncio.sleep(RETRY_POLL_SECONDS)
@@ -341,7 +352,10 @@ class Daemon:
         observed = self.observed
         stall = self.settings.watchdog_stall_seconds or self.settings.engine.page_timeout_seconds
         if observed is not None and observed.in_flight and now - observed.last_progress > stall:
-            return False, f"{observed.in_flight} pages at the engine and none finished for {now - observed.last_progress:.0f} s"
+            return (
+                False,
+                f"{observed.in_flight} pages at the engine and none finished for {now - observed.last_progress:.0f} s",
+            )
         return True, ""
 
     async def _tick_loop(self) -> None:
@@ -384,8 +398,11 @@ class Daemon:
         self.ready = True
         self.metrics.ready.set(1)
         self.notifier.ready(self.status_line())
-        log.info("chandrad ready", inboxes=[inbox.name for inbox in self.settings.inbox],
-                 documents_in_flight=self.documents_in_flight)
+        log.info(
+            "chandrad ready",
+            inboxes=[inbox.name for inbox in self.settings.inbox],
+            documents_in_flight=self.documents_in_flight,
+        )
 
     def _update_gauges(self) -> None:
         self.metrics.queue_depth.labels("intake").set(self.intake_queue.qsize())

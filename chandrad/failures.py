@@ -45,9 +45,11 @@ def failure_report(
     doc: Document, inbox: InboxSettings, entry: dict[str, Any], history: list[dict[str, Any]] | None
 ) -> dict[str, Any]:
     """The ``.error.json`` a person reads. Without ``history``, the original stayed in the inbox."""
-    where = {"attempts": entry["attempt"], "first_seen": now_iso(doc.created_at)} if history is not None else {
-        "original_left_in_inbox": True
-    }
+    where = (
+        {"attempts": entry["attempt"], "first_seen": now_iso(doc.created_at)}
+        if history is not None
+        else {"original_left_in_inbox": True}
+    )
     return {
         "file": Path(doc.rel_path).name,
         "inbox": inbox.name,
@@ -101,10 +103,20 @@ class Failures:
         if error.permanent or attempts >= settings.max_attempts:
             return await self.fail(doc, error)
         delay = backoff_seconds(settings.retry_backoff_seconds, attempts)
-        await journal.call(journal.record_attempt_failure, doc.id, self.entry(doc, error, attempts), final=False,
-                           retry_at=self.runtime.clock() + delay)
-        log.warning("document will be retried", reason=error.reason, stage=error.stage, attempt=attempts,
-                    retry_in_s=round(delay, 1))
+        await journal.call(
+            journal.record_attempt_failure,
+            doc.id,
+            self.entry(doc, error, attempts),
+            final=False,
+            retry_at=self.runtime.clock() + delay,
+        )
+        log.warning(
+            "document will be retried",
+            reason=error.reason,
+            stage=error.stage,
+            attempt=attempts,
+            retry_in_s=round(delay, 1),
+        )
         return Outcome(doc.id, "queued", reason=error.reason)
 
     async def _wait(self, doc: Document, error: WaitError) -> Outcome:
@@ -115,10 +127,17 @@ class Failures:
         delay = backoff_seconds(self.runtime.settings.retry_backoff_seconds, waits, MAX_WAIT_SECONDS)
         entry = {**self.entry(doc, error, doc.attempts), "waits": waits}
         journal = self.runtime.journal
-        await journal.call(journal.set_state, doc.id, "queued", error=entry,
-                           next_attempt_at=self.runtime.clock() + delay)
-        log.warning("the document waits", reason=error.reason, kind=error.kind, stage=error.stage,
-                    waits=waits, retry_in_s=round(delay, 1))
+        await journal.call(
+            journal.set_state, doc.id, "queued", error=entry, next_attempt_at=self.runtime.clock() + delay
+        )
+        log.warning(
+            "the document waits",
+            reason=error.reason,
+            kind=error.kind,
+            stage=error.stage,
+            waits=waits,
+            retry_in_s=round(delay, 1),
+        )
         return Outcome(doc.id, "queued", reason=error.reason)
 
     async def fail(self, doc: Document, error: DocumentError) -> Outcome:
@@ -142,14 +161,20 @@ class Failures:
                 # Queue it again (failed/ full or unwritable): left in its old state, it would
                 # only have been picked up again at the next start.
                 delay = max(runtime.settings.retry_backoff_seconds, 1.0)
-                log.error("cannot move the original to failed/; will try again", error=str(move_error),
-                          retry_in_s=delay)
+                log.error(
+                    "cannot move the original to failed/; will try again", error=str(move_error), retry_in_s=delay
+                )
                 await journal.call(journal.set_state, doc.id, "queued", next_attempt_at=runtime.clock() + delay)
                 return Outcome(doc.id, "queued", reason=f"cannot write to failed/: {move_error.strerror}")
         await journal.call(journal.record_attempt_failure, doc.id, entry, final=True)
         await runtime.clear_leftovers(doc, inbox)
-        log.warning("document failed", reason=error.reason, stage=error.stage, kind=entry["kind"],
-                    moved_to=str(target) if target else None)
+        log.warning(
+            "document failed",
+            reason=error.reason,
+            stage=error.stage,
+            kind=entry["kind"],
+            moved_to=str(target) if target else None,
+        )
         return Outcome(doc.id, "failed", reason=error.reason)
 
     async def report_only(self, doc: Document, inbox: InboxSettings, entry: dict[str, Any]) -> None:
@@ -194,5 +219,10 @@ class Failures:
             report = json.loads(final.with_name(final.name + REPORT_SUFFIX).read_text(encoding="utf-8"))
             return dict(report["history"][-1])
         except (OSError, ValueError, KeyError, IndexError, TypeError):
-            return {"reason": "processing failed before a crash; the report was lost", "kind": "permanent",
-                    "stage": "resume", "attempt": doc.attempts + 1, "at": now_iso(self.runtime.clock())}
+            return {
+                "reason": "processing failed before a crash; the report was lost",
+                "kind": "permanent",
+                "stage": "resume",
+                "attempt": doc.attempts + 1,
+                "at": now_iso(self.runtime.clock()),
+            }

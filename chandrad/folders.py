@@ -70,5 +70,6 @@ async def probe(inbox_path: Path, check: Callable[[], T]) -> T:
     except TimeoutError:
         raise InboxUnreachableError(
             f"the inbox {inbox_path} did not answer within {PROBE_TIMEOUT_SECONDS:.0f} s (a hung network share?); "
-            f"waiting for it", stage="resume",
+            f"waiting for it",
+            stage="resume",
         ) from None

@@ -34,12 +34,14 @@ async def duplicate_of(runtime: Runtime, doc: Document, inbox: InboxSettings) ->
     twin = await journal.call(journal.find_duplicate, doc.sha256, doc.id, True)
     if twin is None:
         return None
-    where = f"published to {twin.output_dir}" if twin.output_dir and twin.state == "published" else (
-        "still being processed"
+    where = (
+        f"published to {twin.output_dir}"
+        if twin.output_dir and twin.state == "published"
+        else ("still being processed")
     )
     return DuplicateError(
         f"it is identical to {twin.rel_path} (first seen {now_iso(twin.created_at)}, {where}); "
-        f"set duplicates = \"reprocess\" to process copies again",
+        f'set duplicates = "reprocess" to process copies again',
         stage="dedupe",
     )
 
@@ -93,12 +95,15 @@ class Intake:
                 refusal = error
             else:
                 if unchanged is None:
-                    log.info("file changed while it was read; waiting for it to settle again",
-                             inbox=inbox.name, file=str(rel))
+                    log.info(
+                        "file changed while it was read; waiting for it to settle again",
+                        inbox=inbox.name,
+                        file=str(rel),
+                    )
                     return None
                 sha256 = unchanged
-        doc = await journal.call(journal.add_document, inbox.name, str(rel), sha256, settled.size, settled.mtime_ns)
-        doc = await self._claim(doc, settled)
+        added = await journal.call(journal.add_document, inbox.name, str(rel), sha256, settled.size, settled.mtime_ns)
+        doc = await self._claim(added, settled)
         if doc is None:
             return None
         if refusal is None:
@@ -118,11 +123,18 @@ class Intake:
             await journal.call(journal.forget, doc.id)  # gone before it was taken in: no document
             return None
         except OSError as error:
-            reason = (f"chandrad cannot move the file out of the inbox: {error.strerror}; give its user "
-                      f" write access to the folder and drop the file again (it was left where it is)")
+            reason = (
+                f"chandrad cannot move the file out of the inbox: {error.strerror}; give its user "
+                f" write access to the folder and drop the file again (it was left where it is)"
+            )
             log.error("cannot claim file", inbox=inbox.name, file=str(settled.rel_path), error=str(error))
-            entry = {"reason": reason, "kind": "permanent", "stage": "intake", "attempt": 1,
-                     "at": now_iso(self.runtime.clock())}
+            entry = {
+                "reason": reason,
+                "kind": "permanent",
+                "stage": "intake",
+                "attempt": 1,
+                "at": now_iso(self.runtime.clock()),
+            }
             await self.failures.report_only(doc, inbox, entry)
             await journal.call(journal.set_state, doc.id, "failed", error=entry, history=[entry])
             return None

@@ -43,6 +43,7 @@ def _worth_waiting_out(error: sqlite3.Error) -> bool:
     code: int | None = getattr(error, "sqlite_errorcode", None)
     return code is not None and (code & 0xFF) in _WAIT_OUT_CODES
 
+
 STATES = ("settled", "queued", "preparing", "inferring", "publishing", "published", "failed")
 FINAL_STATES = ("published", "failed")
 
@@ -212,8 +213,7 @@ class Journal:
                     why = str(error)
                     if self._closing.is_set():
                         raise
-            log.warning("the journal cannot be written; waiting", error=why, journal=str(self.path),
-                        retry_in_s=delay)
+            log.warning("the journal cannot be written; waiting", error=why, journal=str(self.path), retry_in_s=delay)
             if self._closing.wait(delay):
                 raise sqlite3.OperationalError("database is locked (journal closing)")
             delay = min(delay * 2, 10.0)
@@ -341,9 +341,20 @@ class Journal:
             "finish_reason, retries, latency_s, engine, model, image_names, chunks, error) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                page.doc_id, page.page_no, page.width, page.height, page.html, page.prompt_tokens,
-                page.output_tokens, page.finish_reason, page.retries, page.latency_s, page.engine,
-                page.model, json.dumps(list(page.image_names)), json.dumps(list(page.chunks)),
+                page.doc_id,
+                page.page_no,
+                page.width,
+                page.height,
+                page.html,
+                page.prompt_tokens,
+                page.output_tokens,
+                page.finish_reason,
+                page.retries,
+                page.latency_s,
+                page.engine,
+                page.model,
+                json.dumps(list(page.image_names)),
+                json.dumps(list(page.chunks)),
                 page.error,
             ),
         )

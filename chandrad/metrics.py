@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
@@ -19,23 +20,24 @@ class Metrics:
         self.registry = CollectorRegistry()
         registry = self.registry
         Info("chandrad", "chandrad build", registry=registry).info({"version": __version__})
-        self.documents = Counter("chandrad_documents", "Documents by outcome", ["inbox", "outcome"],
-                                 registry=registry)
+        self.documents = Counter("chandrad_documents", "Documents by outcome", ["inbox", "outcome"], registry=registry)
         self.pages = Counter("chandrad_pages", "Pages by outcome", ["outcome"], registry=registry)
         self.queue_depth = Gauge("chandrad_queue_depth", "Items waiting", ["queue"], registry=registry)
-        self.documents_in_flight = Gauge("chandrad_documents_in_flight", "Documents being processed",
-                                         registry=registry)
+        self.documents_in_flight = Gauge("chandrad_documents_in_flight", "Documents being processed", registry=registry)
         self.pages_in_flight = Gauge("chandrad_pages_in_flight", "Pages at the engine", registry=registry)
-        self.stage_seconds = Histogram("chandrad_stage_seconds", "Time spent per stage", ["stage"],
-                                       buckets=_LATENCY_BUCKETS, registry=registry)
+        self.stage_seconds = Histogram(
+            "chandrad_stage_seconds", "Time spent per stage", ["stage"], buckets=_LATENCY_BUCKETS, registry=registry
+        )
         self.tokens = Counter("chandrad_tokens", "Tokens processed by the engine", ["kind"], registry=registry)
-        self.engine_restarts = Gauge("chandrad_engine_restarts", "Unplanned engine restarts since start",
-                                     registry=registry)
-        self.engine_recycles = Gauge("chandrad_engine_recycles", "Planned engine recycles since start",
-                                     registry=registry)
+        self.engine_restarts = Gauge(
+            "chandrad_engine_restarts", "Unplanned engine restarts since start", registry=registry
+        )
+        self.engine_recycles = Gauge(
+            "chandrad_engine_recycles", "Planned engine recycles since start", registry=registry
+        )
         self.gpu_memory = Gauge("chandrad_gpu_memory_used_bytes", "GPU memory in use (NVML)", registry=registry)
         self.ready = Gauge("chandrad_ready", "1 once watchers are armed and the engine answered", registry=registry)
-        self._server = None
+        self._server: WSGIServer | None = None
 
     def serve(self, address: str) -> None:
         """Serve /metrics on ``host:port`` (a thread of prometheus_client's)."""

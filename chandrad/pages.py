@@ -71,8 +71,9 @@ class PageReader:
                     except PermanentError as page_error:
                         await self._render_failed(doc, inbox, prepared, page_no, page_error)
                         continue
-                    if prepared.repair_warning and await asyncio.to_thread(prepare.is_blank, page.image):
-                        blank_pages += 1
+                    if prepared.repair_warning:
+                        blank: bool = await asyncio.to_thread(prepare.is_blank, page.image)
+                        blank_pages += blank
                     await self.page_slots.acquire()
                     # Released by a done-callback: it runs even for a task cancelled before it started.
                     group.create_task(self._read(doc, inbox, page, prepared.page_count, staging)).add_done_callback(
@@ -91,7 +92,11 @@ class PageReader:
             )
 
     async def _render_failed(
-        self, doc: Document, inbox: InboxSettings, prepared: prepare.PreparedDocument, page_no: int,
+        self,
+        doc: Document,
+        inbox: InboxSettings,
+        prepared: prepare.PreparedDocument,
+        page_no: int,
         error: PermanentError,
     ) -> None:
         if not await asyncio.to_thread(prepared.source.exists):
@@ -123,22 +128,45 @@ class PageReader:
             await journal.call(
                 journal.record_page,
                 PageRecord(
-                    doc_id=doc.id, page_no=page.page_no, width=page.image.width, height=page.image.height,
-                    html=result.html, prompt_tokens=result.prompt_tokens, output_tokens=result.output_tokens,
-                    finish_reason=result.finish_reason, retries=result.retries, latency_s=result.latency_s,
-                    engine=engine.name, model=engine.model, image_names=rendered.image_names,
+                    doc_id=doc.id,
+                    page_no=page.page_no,
+                    width=page.image.width,
+                    height=page.image.height,
+                    html=result.html,
+                    prompt_tokens=result.prompt_tokens,
+                    output_tokens=result.output_tokens,
+                    finish_reason=result.finish_reason,
+                    retries=result.retries,
+                    latency_s=result.latency_s,
+                    engine=engine.name,
+                    model=engine.model,
+                    image_names=rendered.image_names,
                     chunks=tuple(rendered.chunks),
                 ),
             )
-            log.info("page done", page=page.page_no, of=page_count, seconds=round(result.latency_s, 2),
-                     tokens=result.output_tokens, retries=result.retries,
-                     engine_peak_running=engine.status().peak_running)
+            log.info(
+                "page done",
+                page=page.page_no,
+                of=page_count,
+                seconds=round(result.latency_s, 2),
+                tokens=result.output_tokens,
+                retries=result.retries,
+                engine_peak_running=engine.status().peak_running,
+            )
 
     async def record_failed(self, doc_id: str, page_no: int, error: DocumentError, size: tuple[int, int]) -> None:
         engine, journal = self.runtime.engine, self.runtime.journal
         log.warning("page failed", page=page_no, reason=error.reason)
         await journal.call(
             journal.record_page,
-            PageRecord(doc_id=doc_id, page_no=page_no, width=size[0], height=size[1], html="", error=error.reason,
-                       engine=engine.name, model=engine.model),
+            PageRecord(
+                doc_id=doc_id,
+                page_no=page_no,
+                width=size[0],
+                height=size[1],
+                html="",
+                error=error.reason,
+                engine=engine.name,
+                model=engine.model,
+            ),
         )

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextvars
 import errno
-import stat
 import hashlib
 import io
 import math
@@ -24,6 +23,7 @@ import re
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,8 +52,15 @@ _OTHER_SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"7z\xbc\xaf", "a 7-Zip archive"),
 )
 _IMAGE_SIGNATURES: tuple[bytes, ...] = (
-    b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"II*\x00", b"MM\x00*", b"GIF87a", b"GIF89a", b"BM",
-    b"\x00\x00\x00\x0cjP  \r\n\x87\n", b"\xff\x4f\xff\x51",
+    b"\x89PNG\r\n\x1a\n",
+    b"\xff\xd8\xff",
+    b"II*\x00",
+    b"MM\x00*",
+    b"GIF87a",
+    b"GIF89a",
+    b"BM",
+    b"\x00\x00\x00\x0cjP  \r\n\x87\n",
+    b"\xff\x4f\xff\x51",
 )
 
 
@@ -142,8 +149,14 @@ def kill_tools(procs: set[subprocess.Popen[bytes]]) -> int:
 
 
 # What Ghostscript, poppler, glibc and the loader print when an allocation is refused.
-_OUT_OF_MEMORY = (b"Out of memory", b"VMerror", b"Cannot allocate memory", b"bad_alloc",
-                  b"failed to map segment", b"memory exhausted")
+_OUT_OF_MEMORY = (
+    b"Out of memory",
+    b"VMerror",
+    b"Cannot allocate memory",
+    b"bad_alloc",
+    b"failed to map segment",
+    b"memory exhausted",
+)
 
 
 def run_tool(
@@ -285,10 +298,16 @@ def pdf_info(pdf: Path, settings: PrepareSettings, password: str | None = None) 
 _COMPRESS_ARGS = {
     # Lossless: keep every image as it is (no downsampling, no re-encoding of JPEGs).
     "lossless": [
-        "-dPDFSETTINGS=/default", "-dPassThroughJPEGImages=true", "-dPassThroughJPXImages=true",
-        "-dDownsampleColorImages=false", "-dDownsampleGrayImages=false", "-dDownsampleMonoImages=false",
-        "-dAutoFilterColorImages=false", "-dAutoFilterGrayImages=false",
-        "-dColorImageFilter=/FlateEncode", "-dGrayImageFilter=/FlateEncode",
+        "-dPDFSETTINGS=/default",
+        "-dPassThroughJPEGImages=true",
+        "-dPassThroughJPXImages=true",
+        "-dDownsampleColorImages=false",
+        "-dDownsampleGrayImages=false",
+        "-dDownsampleMonoImages=false",
+        "-dAutoFilterColorImages=false",
+        "-dAutoFilterGrayImages=false",
+        "-dColorImageFilter=/FlateEncode",
+        "-dGrayImageFilter=/FlateEncode",
     ],
     # Measured on the corpus: /ebook keeps OCR text at 0.994 similarity; /screen drops to 0.931 (not offered).
     "ebook": ["-dPDFSETTINGS=/ebook"],
@@ -297,7 +316,11 @@ _COMPRESS_ARGS = {
 
 
 def normalise_pdf(
-    source: Path, target: Path, compress: str, settings: PrepareSettings, password: str | None = None,
+    source: Path,
+    target: Path,
+    compress: str,
+    settings: PrepareSettings,
+    password: str | None = None,
     warnings: list[str] | None = None,
 ) -> bool:
     """Rewrite ``source`` through Ghostscript into ``target``: repairs damage, flattens form fields.
@@ -307,9 +330,17 @@ def normalise_pdf(
     content it could not draw are appended to ``warnings``.
     """
     args = [
-        "gs", "-q", "-dNOPAUSE", "-dBATCH", "-dSAFER", "-sDEVICE=pdfwrite",
-        "-dCompatibilityLevel=1.7", "-dPreserveAnnots=false", "-dShowAcroForm=true",
-        *_COMPRESS_ARGS[compress], f"-sOutputFile={target}",
+        "gs",
+        "-q",
+        "-dNOPAUSE",
+        "-dBATCH",
+        "-dSAFER",
+        "-sDEVICE=pdfwrite",
+        "-dCompatibilityLevel=1.7",
+        "-dPreserveAnnots=false",
+        "-dShowAcroForm=true",
+        *_COMPRESS_ARGS[compress],
+        f"-sOutputFile={target}",
     ]
     if password:
         args.append(f"-sPDFPassword={password}")
@@ -368,10 +399,12 @@ def render_pdf_page(
     if killed := killed_from_outside("pdftoppm", result.returncode, "render"):
         raise TransientError(f"rendering page {page_no}: {killed.reason}", stage="render")
     if result.returncode != 0 or not result.stdout:
-        why = _last_line(result.stderr) if result.returncode > 0 else f"pdftoppm crashed ({_signal_name(result.returncode)})"
-        raise PermanentError(
-            f"page {page_no} could not be rendered" + (f" ({why})" if why else ""), stage="render"
+        why = (
+            _last_line(result.stderr)
+            if result.returncode > 0
+            else f"pdftoppm crashed ({_signal_name(result.returncode)})"
         )
+        raise PermanentError(f"page {page_no} could not be rendered" + (f" ({why})" if why else ""), stage="render")
     try:
         image = Image.open(io.BytesIO(result.stdout))
         image.load()
@@ -413,14 +446,20 @@ def image_frame_count(path: Path, settings: PrepareSettings) -> int:
     with _open_image(path, settings) as image:
         frames = getattr(image, "n_frames", 1) if image.format == "TIFF" else 1
     if frames > settings.max_pages:
-        raise PermanentError(f"the TIFF has {frames} frames, more than max_pages = {settings.max_pages}", stage="decode")
+        raise PermanentError(
+            f"the TIFF has {frames} frames, more than max_pages = {settings.max_pages}", stage="decode"
+        )
     return frames
 
 
 # EXIF orientation → the transpose that shows the image upright (as ImageOps.exif_transpose).
 _ORIENTATION = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
 
@@ -547,9 +586,11 @@ def prepare_document(
     except UnreadablePdfError:
         # Anything else (password-protected, no pages, too many pages): a rewrite cannot change that.
         original_info = None  # damaged: Ghostscript's repair is the only hope
-    as_is = PreparedDocument(
-        "pdf", original, original_info.pages, original_info.page_sizes, password, normalised, compress
-    ) if original_info else None
+    as_is = (
+        PreparedDocument("pdf", original, original_info.pages, original_info.page_sizes, password, normalised, compress)
+        if original_info
+        else None
+    )
     if as_is is not None and not original_info.has_form and compress == "lossless":  # type: ignore[union-attr]
         return as_is
     # An OSError (ENOSPC on the state directory's disk included) propagates: the pipeline makes
@@ -571,15 +612,16 @@ def prepare_document(
     if as_is is not None and not original_info.has_form and normalised.stat().st_size > size:  # type: ignore[union-attr]
         normalised.unlink()
         return as_is
-    return PreparedDocument("pdf", normalised, info.pages, info.page_sizes,
-                            repair_warning="; ".join(warnings) if as_is is None else "")
+    return PreparedDocument(
+        "pdf", normalised, info.pages, info.page_sizes, repair_warning="; ".join(warnings) if as_is is None else ""
+    )
 
 
 def is_blank(image: Image.Image) -> bool:
     """Nothing but (near) white: what a page whose content could not be drawn renders as."""
     extrema = image.getextrema()
     bands = extrema if isinstance(extrema[0], tuple) else (extrema,)
-    return all(band[0] >= 250 for band in bands)  # type: ignore[index]
+    return all(band[0] >= 250 for band in bands)
 
 
 def cleanup(work_dir: Path) -> None:

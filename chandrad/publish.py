@@ -162,8 +162,11 @@ def render_document(
     if "html" in formats:
         body = "\n".join(
             f'<div class="page" data-page="{page.page_no}">\n'
-            + (f'<p class="page-error">{html.escape(_gap(page))}</p>' if page.error
-               else _point_images_into_folder(parse_html(page.html), page.image_names))
+            + (
+                f'<p class="page-error">{html.escape(_gap(page))}</p>'
+                if page.error
+                else _point_images_into_folder(parse_html(page.html), page.image_names)
+            )
             + "\n</div>"
             for page in pages
         )

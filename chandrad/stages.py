@@ -77,9 +77,7 @@ class DocumentStages:
             except Exception as error:  # a bug must not kill the daemon; it is retried, then failed
                 if isinstance(error, OSError) and is_disk_full(error):  # wherever it hit: a page image, staging
                     where = error.filename or error
-                    return await self.failures.handle(
-                        doc_id, DiskFullError(f"a disk is full: {where}", stage="write")
-                    )
+                    return await self.failures.handle(doc_id, DiskFullError(f"a disk is full: {where}", stage="write"))
                 log.exception("unexpected error while processing")
                 return await self.failures.handle(
                     doc_id, TransientError(f"internal error: {type(error).__name__}: {error}", stage="internal")
@@ -99,8 +97,12 @@ class DocumentStages:
         await self.infer(work)  # pages through the engine, each committed as it arrives
         await self.publish(work)  # → publishing: the outputs renamed into the outbox
         outcome = await self.finish(work)  # → published: the original archived, deleted or kept
-        log.info("document published", pages=work.doc.page_count, seconds=round(time.monotonic() - started, 2),
-                 output=str(outcome.output_dir))
+        log.info(
+            "document published",
+            pages=work.doc.page_count,
+            seconds=round(time.monotonic() - started, 2),
+            output=str(outcome.output_dir),
+        )
         return outcome
 
     async def resume(self, work: Work) -> Outcome | None:
@@ -130,18 +132,22 @@ class DocumentStages:
         work.doc = await journal.call(journal.set_state, work.doc.id, "preparing")
         async with self.prepare_slots:
             work.prepared = await asyncio.to_thread(
-                prepare.prepare_document, work.claimed, self.runtime.work_dir(work.doc.id), work.inbox.compress,
-                settings.prepare, work.inbox.pdf_password,
+                prepare.prepare_document,
+                work.claimed,
+                self.runtime.work_dir(work.doc.id),
+                work.inbox.compress,
+                settings.prepare,
+                work.inbox.pdf_password,
             )
-        work.doc = await journal.call(journal.set_state, work.doc.id, "inferring",
-                                      page_count=work.prepared.page_count)
+        work.doc = await journal.call(journal.set_state, work.doc.id, "inferring", page_count=work.prepared.page_count)
 
     async def infer(self, work: Work) -> None:
         journal = self.runtime.journal
         assert work.prepared is not None
         done = await journal.call(journal.done_page_numbers, work.doc.id)
-        log.info("document prepared", pages=work.prepared.page_count, done_before=len(done),
-                 kind=work.prepared.doc_type)
+        log.info(
+            "document prepared", pages=work.prepared.page_count, done_before=len(done), kind=work.prepared.doc_type
+        )
         await self.pages.read_pages(work.doc, work.inbox, work.prepared, done, work.staging)
 
     async def publish(self, work: Work) -> None:
@@ -155,7 +161,8 @@ class DocumentStages:
             await journal.call(journal.drop_pages, doc.id, lost)
             raise TransientError(
                 f"the figures of page(s) {', '.join(map(str, lost[:10]))} vanished from the outbox's staging "
-                f"folder (outbox removed while working?); redoing them", stage="publish",
+                f"folder (outbox removed while working?); redoing them",
+                stage="publish",
             )
         self._check_failed_pages(pages, doc.page_count or len(pages))
         stem = publish.safe_component(Path(doc.rel_path).stem)
@@ -230,12 +237,21 @@ class DocumentStages:
 
 def _page_output(page: PageRecord) -> publish.PageOutput:
     return publish.PageOutput(
-        page_no=page.page_no, html=page.html, width=page.width, height=page.height,
-        chunks=list(page.chunks), image_names=page.image_names, error=page.error,
+        page_no=page.page_no,
+        html=page.html,
+        width=page.width,
+        height=page.height,
+        chunks=list(page.chunks),
+        image_names=page.image_names,
+        error=page.error,
         stats={
-            "prompt_tokens": page.prompt_tokens, "output_tokens": page.output_tokens,
-            "finish_reason": page.finish_reason, "retries": page.retries,
-            "latency_s": round(page.latency_s, 3), "engine": page.engine, "model": page.model,
+            "prompt_tokens": page.prompt_tokens,
+            "output_tokens": page.output_tokens,
+            "finish_reason": page.finish_reason,
+            "retries": page.retries,
+            "latency_s": round(page.latency_s, 3),
+            "engine": page.engine,
+            "model": page.model,
         },
     )
 
@@ -248,8 +264,9 @@ def _outbox_error(error: OSError) -> DocumentError:
 
 def _pages_missing_figures(pages: list[PageRecord], staging: Path) -> list[int]:
     """Pages whose cropped figures are no longer in the staging folder."""
-    return [page.page_no for page in pages
-            if any(not (staging / "images" / name).is_file() for name in page.image_names)]
+    return [
+        page.page_no for page in pages if any(not (staging / "images" / name).is_file() for name in page.image_names)
+    ]
 
 
 def _move_if_there(claimed: Path, target: Path) -> None:

@@ -37,8 +37,18 @@ DAEMON_DIR = ".chandrad"
 # Junk that operating systems, office suites, sync tools and browsers leave in shared folders,
 # and names that mean "still being written".
 BUILTIN_IGNORED_NAMES = (
-    ".DS_Store", "._*", "Thumbs.db", "desktop.ini", "~$*", ".~lock*",
-    "*.part", "*.tmp", "*.crdownload", "*.partial", "*.download", "*.swp",
+    ".DS_Store",
+    "._*",
+    "Thumbs.db",
+    "desktop.ini",
+    "~$*",
+    ".~lock*",
+    "*.part",
+    "*.tmp",
+    "*.crdownload",
+    "*.partial",
+    "*.download",
+    "*.swp",
 )
 BUILTIN_IGNORED_DIRS = ("@eaDir", ".stfolder", ".stversions", "$RECYCLE.BIN", "#recycle", DAEMON_DIR)
 
@@ -133,10 +143,7 @@ class SettleTracker:
         return self.empty_settle_seconds if empty_regular_file else self.settle_seconds
 
     def pop_settled(self, now: float) -> list[tuple[Path, _Observation]]:
-        settled = [
-            (path, obs) for path, obs in self._seen.items()
-            if now - obs.unchanged_since >= self._wait_for(obs)
-        ]
+        settled = [(path, obs) for path, obs in self._seen.items() if now - obs.unchanged_since >= self._wait_for(obs)]
         for path, _ in settled:
             del self._seen[path]
         return settled
@@ -338,11 +345,14 @@ class InboxWatcher:
                 if current != identity:
                     self.stop_observer()
                     if current is None:
-                        self.log.warning("the inbox folder is gone (removed or unmounted); waiting for it",
-                                         path=str(self.inbox.path))
+                        self.log.warning(
+                            "the inbox folder is gone (removed or unmounted); waiting for it", path=str(self.inbox.path)
+                        )
                     else:
-                        self.log.warning("the inbox folder was replaced (re-created or remounted); watching it again",
-                                         path=str(self.inbox.path))
+                        self.log.warning(
+                            "the inbox folder was replaced (re-created or remounted); watching it again",
+                            path=str(self.inbox.path),
+                        )
                         self.start_observer(loop)
                         next_rescan = self._clock()  # what is in it now was never announced
                     identity = current

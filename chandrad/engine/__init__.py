@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import glob
 import shutil
+from functools import partial
 from pathlib import Path
 
 import structlog
@@ -50,7 +51,7 @@ def create_engine(settings: EngineSettings, state_dir: Path) -> Engine:
     except ImportError as error:
         raise ConfigError(
             f"engine.kind = \"vllm\" needs vLLM in chandrad's environment: pip install 'chandrad[vllm]' "
-            f"(or set engine.url to a vLLM server, or kind = \"tesseract\") — {error}"
+            f'(or set engine.url to a vLLM server, or kind = "tesseract") — {error}'
         ) from None
     from chandrad.engine.layout import plan_engines
     from chandrad.engine.replicas import ReplicaSet
@@ -65,8 +66,11 @@ def create_engine(settings: EngineSettings, state_dir: Path) -> Engine:
     replicas = []
     for index, gpu in enumerate(settings.gpus):
         one_gpu = settings.model_copy(update={"gpus": (gpu,), "layout": "single"})
-        replicas.append(SupervisedEngine(
-            lambda one_gpu=one_gpu: VllmEngine(one_gpu, state_dir, spawn_gate=spawn_gate), one_gpu,
-            recycle_phase=index / len(settings.gpus),
-        ))
+        replicas.append(
+            SupervisedEngine(
+                partial(VllmEngine, one_gpu, state_dir, spawn_gate=spawn_gate),
+                one_gpu,
+                recycle_phase=index / len(settings.gpus),
+            )
+        )
     return ReplicaSet(replicas)

@@ -49,8 +49,13 @@ class Engine(Protocol):
     and ``PermanentError`` when this page can never succeed (e.g. it does not fit the model).
     """
 
-    name: str
-    model: str
+    @property
+    def name(self) -> str:
+        """Which engine: "vllm", "vllm-remote", "tesseract"."""
+
+    @property
+    def model(self) -> str:
+        """The model it reads pages with (known once started, for a remote server)."""
 
     async def start(self) -> None:
         """Load the model and answer a warm-up request; the daemon reports ready only after this."""

@@ -75,8 +75,12 @@ async def read_with_retries(
         )
         if (repeating or error is not None) and attempt < max_retries:
             attempt += 1
-            log.info("retrying page", page=page_no, attempt=attempt,
-                     why="repetition" if repeating or error is None else error.reason)
+            log.info(
+                "retrying page",
+                page=page_no,
+                attempt=attempt,
+                why="repetition" if repeating or error is None else error.reason,
+            )
             continue
         if completion is None:
             assert error is not None

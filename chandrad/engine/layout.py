@@ -130,14 +130,18 @@ def plan_engines(settings: EngineSettings, ec_storage: Path | None = None) -> li
         "enforce_eager": True,
         "max_num_batched_tokens": max(settings.max_model_len, 114688),
         "ec_transfer_config": {
-            "ec_connector": "ECExampleConnector", "ec_role": "ec_producer", "ec_connector_extra_config": storage,
+            "ec_connector": "ECExampleConnector",
+            "ec_role": "ec_producer",
+            "ec_connector_extra_config": storage,
         },
         **settings.engine_args,
     }
     consumer = {
         **base,
         "ec_transfer_config": {
-            "ec_connector": "ECExampleConnector", "ec_role": "ec_consumer", "ec_connector_extra_config": storage,
+            "ec_connector": "ECExampleConnector",
+            "ec_role": "ec_consumer",
+            "ec_connector_extra_config": storage,
         },
         **settings.engine_args,
     }
@@ -156,9 +160,12 @@ EC_LOADED_LINE = "Success load encoder cache for hash"
 def ec_loads_logging_config() -> dict[str, Any]:
     """vLLM's logging at INFO on stdout, its EC connector's at DEBUG (tests and bench count loads)."""
     return {
-        "version": 1, "disable_existing_loggers": False,
+        "version": 1,
+        "disable_existing_loggers": False,
         "formatters": {"plain": {"format": "%(levelname)s %(asctime)s %(name)s %(message)s"}},
         "handlers": {"out": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stdout"}},
-        "loggers": {"vllm": {"handlers": ["out"], "level": "INFO", "propagate": False},
-                    "vllm.distributed.ec_transfer.ec_connector.example_connector": {"level": "DEBUG"}},
+        "loggers": {
+            "vllm": {"handlers": ["out"], "level": "INFO", "propagate": False},
+            "vllm.distributed.ec_transfer.ec_connector.example_connector": {"level": "DEBUG"},
+        },
     }

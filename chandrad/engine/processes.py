@@ -77,8 +77,13 @@ def record_engine_process(state_dir: Path, pid: int) -> None:
         old = _read_record(record)
         if old is not None and not _is_alive(old["pid"], old["started"]):
             record.unlink(missing_ok=True)
-    entry = {"pid": pid, "started": started, "owner": os.getpid(),
-             "owner_started": process_start_time(os.getpid()), "boot": _boot_id()}
+    entry = {
+        "pid": pid,
+        "started": started,
+        "owner": os.getpid(),
+        "owner_started": process_start_time(os.getpid()),
+        "boot": _boot_id(),
+    }
     partial = folder / f".{pid}.tmp"  # renamed into place: a reader never sees half a record
     partial.write_text(json.dumps(entry))
     os.replace(partial, folder / f"{pid}.json")

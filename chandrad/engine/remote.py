@@ -40,8 +40,9 @@ class RemoteEngine:
         assert settings.url is not None
         self.settings = settings
         self.model = settings.served_model_name or settings.model
-        self._client = AsyncOpenAI(base_url=settings.url, api_key=settings.api_key,
-                                   timeout=settings.page_timeout_seconds, max_retries=0)
+        self._client = AsyncOpenAI(
+            base_url=settings.url, api_key=settings.api_key, timeout=settings.page_timeout_seconds, max_retries=0
+        )
 
     async def start(self) -> None:
         try:
@@ -59,23 +60,33 @@ class RemoteEngine:
         from openai import APIConnectionError, APIStatusError, APITimeoutError
 
         url = await asyncio.to_thread(_png_data_url, request.image)  # resize + PNG: ~0.2 s, off the loop
-        messages: list[dict[str, Any]] = [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": url}},
-            {"type": "text", "text": PROMPT_MAPPING[request.prompt_type]},
-        ]}]
+        messages: list[dict[str, Any]] = [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": url}},
+                    {"type": "text", "text": PROMPT_MAPPING[request.prompt_type]},
+                ],
+            }
+        ]
 
         async def attempt_once(attempt: int, sampling: Sampling) -> Completion:
             try:
                 completion = await self._client.chat.completions.create(
-                    model=self.model, messages=messages,  # type: ignore[arg-type]  # plain dicts, as Chandra sends
-                    max_tokens=self.settings.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                    model=self.model,
+                    messages=messages,  # type: ignore[arg-type]  # plain dicts, as Chandra sends
+                    max_tokens=self.settings.max_tokens,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
                 )
             except APIStatusError as status_error:
                 if 400 <= status_error.status_code < 500 and status_error.status_code != 429:
-                    raise PermanentError(f"the server refused page {request.page_no}: {status_error.message}",
-                                         stage="engine") from None
-                raise TransientError(f"the vLLM server failed: HTTP {status_error.status_code}",
-                                     stage="engine") from None
+                    raise PermanentError(
+                        f"the server refused page {request.page_no}: {status_error.message}", stage="engine"
+                    ) from None
+                raise TransientError(
+                    f"the vLLM server failed: HTTP {status_error.status_code}", stage="engine"
+                ) from None
             except (APIConnectionError, APITimeoutError) as network_error:
                 raise TransientError(f"the vLLM server failed: {network_error}", stage="engine") from None
             usage = completion.usage

@@ -11,6 +11,8 @@ and their planned recycles are staggered and wait until every other replica is u
 from __future__ import annotations
 
 import asyncio
+from functools import partial
+
 import structlog
 
 from chandrad.engine.base import EngineStatus, PageRequest, PageResult
@@ -28,8 +30,7 @@ class ReplicaSet:
         self._pages_at: list[int] = [0] * len(replicas)
         deaths: dict[tuple[str, int], int] = {}
         for index, replica in enumerate(replicas):
-            replica.join_replicas(lambda index=index: self.others_up(index),
-                                  lambda index=index: self.all_others_up(index), deaths)
+            replica.join_replicas(partial(self.others_up, index), partial(self.all_others_up, index), deaths)
 
     # -- what the daemon reads ----------------------------------------------------------------
 
@@ -61,15 +62,18 @@ class ReplicaSet:
     async def start(self) -> None:
         """All replicas load side by side; ready when every one has answered its warm-up. The first
         that fails to start ends the others' loads (minutes each on a GPU) instead of waiting for them."""
-        starts = [asyncio.create_task(replica.start(), name=f"start-replica-{index}")
-                  for index, replica in enumerate(self.replicas)]
+        starts = [
+            asyncio.create_task(replica.start(), name=f"start-replica-{index}")
+            for index, replica in enumerate(self.replicas)
+        ]
         try:
             await asyncio.wait(starts, return_when=asyncio.FIRST_EXCEPTION)
         except BaseException:  # a stop while loading
             await _cancel_all(starts)
             raise
-        failures = [task.exception() for task in starts
-                    if task.done() and not task.cancelled() and task.exception() is not None]
+        failures = [
+            task.exception() for task in starts if task.done() and not task.cancelled() and task.exception() is not None
+        ]
         if failures:
             await _cancel_all(starts)
             await self.aclose()
@@ -108,8 +112,7 @@ class ReplicaSet:
             try:
                 return await self.replicas[index].ocr(request)
             except ReplicaDown:
-                log.info("page moved to another replica", doc=request.doc_id, page=request.page_no,
-                         replica_down=index)
+                log.info("page moved to another replica", doc=request.doc_id, page=request.page_no, replica_down=index)
             finally:
                 self._pages_at[index] -= 1
 

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from chandrad.config import EngineSettings
 from chandrad.backoff import backoff_seconds
+from chandrad.config import EngineSettings
 from chandrad.engine.base import EngineStatus, PageRequest, PageResult
 from chandrad.engine.processes import rss_bytes
 from chandrad.errors import EngineDied, PermanentError, ReplicaDown
@@ -61,12 +61,12 @@ class RestartableEngine(Protocol):
 def gpu_memory_used_bytes(gpus: tuple[int, ...] | None = None) -> int | None:
     """GPU memory in use on ``gpus`` (NVML indices; all when None), or None without NVML."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
 
         pynvml.nvmlInit()
         try:
             indices = range(pynvml.nvmlDeviceGetCount()) if gpus is None else gpus
-            return sum(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used for i in indices)
+            return int(sum(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used for i in indices))
         finally:
             pynvml.nvmlShutdown()
     except Exception:
@@ -74,8 +74,9 @@ def gpu_memory_used_bytes(gpus: tuple[int, ...] | None = None) -> int | None:
 
 
 class SupervisedEngine:
-    def __init__(self, factory: Callable[[], RestartableEngine], settings: EngineSettings,
-                 recycle_phase: float = 0.0) -> None:
+    def __init__(
+        self, factory: Callable[[], RestartableEngine], settings: EngineSettings, recycle_phase: float = 0.0
+    ) -> None:
         self._factory = factory
         self.settings = settings
         # Replicas recycle in turn, not all at once: replica i of n first recycles i/n of a period late.
@@ -104,8 +105,9 @@ class SupervisedEngine:
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    def join_replicas(self, others_up: Callable[[], bool], all_others_up: Callable[[], bool],
-                      deaths: dict[tuple[str, int], int]) -> None:
+    def join_replicas(
+        self, others_up: Callable[[], bool], all_others_up: Callable[[], bool], deaths: dict[tuple[str, int], int]
+    ) -> None:
         """Called by a ReplicaSet: while ``others_up()``, pages this engine cannot read now are handed
         back (``ReplicaDown``); a planned recycle waits for ``all_others_up()``; crashes a page
         witnessed are counted in ``deaths``, shared by all."""
@@ -199,18 +201,22 @@ class SupervisedEngine:
                     raise
                 except Exception as error:
                     failures += 1
-                    delay = backoff_seconds(self.settings.restart_backoff_seconds, failures,
-                                            self.settings.restart_backoff_max_seconds)
-                    log.error("engine failed to start; retrying", error=str(error), attempt=failures,
-                              retry_in_s=delay)
+                    delay = backoff_seconds(
+                        self.settings.restart_backoff_seconds, failures, self.settings.restart_backoff_max_seconds
+                    )
+                    log.error("engine failed to start; retrying", error=str(error), attempt=failures, retry_in_s=delay)
                     await asyncio.sleep(delay)
             if planned:
                 self.recycles += 1
             else:
                 self.restarts += 1
-            log.warning("engine recycled" if planned else "engine restarted", reason=reason,
-                        seconds=round(time.monotonic() - started, 1), restarts=self.restarts,
-                        recycles=self.recycles)
+            log.warning(
+                "engine recycled" if planned else "engine restarted",
+                reason=reason,
+                seconds=round(time.monotonic() - started, 1),
+                restarts=self.restarts,
+                recycles=self.recycles,
+            )
 
     async def _watch(self) -> None:
         """Health checks (deaths while idle) and the memory watermark."""
@@ -243,8 +249,9 @@ class SupervisedEngine:
         try:
             if not self._all_others_up():
                 log.info("engine recycle waits for the other replicas to be up", reason=reason)
-            while not self._all_others_up() and not self._closed and not self._stopping:
-                await asyncio.sleep(1.0)  # this replica reads pages meanwhile
+            # Other replicas' states have no event to wait on; this replica reads pages meanwhile.
+            while not self._all_others_up() and not self._closed and not self._stopping:  # noqa: ASYNC110
+                await asyncio.sleep(1.0)
             if self._stopping:
                 log.info("engine recycle skipped: chandrad is stopping", reason=reason)
                 return
@@ -299,8 +306,13 @@ class SupervisedEngine:
                     self._suspect_lock.release()
             if died is not None:
                 self._deaths[key] = deaths + 1
-                log.warning("engine died with the page in flight", page=request.page_no, deaths=deaths + 1,
-                            alone=alone, error=died.detail or died.reason)
+                log.warning(
+                    "engine died with the page in flight",
+                    page=request.page_no,
+                    deaths=deaths + 1,
+                    alone=alone,
+                    error=died.detail or died.reason,
+                )
                 if alone:
                     self._deaths.pop(key, None)
                     self._spawn(self._restart(generation, died.reason))

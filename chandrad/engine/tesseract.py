@@ -53,8 +53,10 @@ def hocr_to_chandra_html(hocr: str, width: int, height: int) -> str:
             continue
         x0, y0, x1, y1 = box
         scaled = (
-            round(x0 * 1000 / width), round(y0 * 1000 / height),
-            round(x1 * 1000 / width), round(y1 * 1000 / height),
+            round(x0 * 1000 / width),
+            round(y0 * 1000 / height),
+            round(x1 * 1000 / width),
+            round(y1 * 1000 / height),
         )
         body = "".join(f"<p>{text}</p>" for text in paragraphs)
         blocks.append(f'<div data-bbox="{" ".join(map(str, scaled))}" data-label="Text">{body}</div>')
@@ -89,8 +91,11 @@ class TesseractEngine:
         # One thread per process: we run one process per core instead.
         env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
         proc = await asyncio.create_subprocess_exec(
-            *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=env,
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
         )
         try:
             out, err = await asyncio.wait_for(proc.communicate(stdin), self.timeout_s)

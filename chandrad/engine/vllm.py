@@ -77,12 +77,13 @@ class EngineStats:
 def _stat_logger_factory(stats: EngineStats) -> Any:
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class SchedulerWatcher(StatLoggerBase):
+    class SchedulerWatcher(StatLoggerBase):  # type: ignore[misc]  # vLLM is not type-checked here (not followed)
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             self.engine_index = engine_index
 
-        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-                   engine_idx: int = 0) -> None:
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
             if scheduler_stats is not None:
                 stats.running = scheduler_stats.num_running_reqs
                 stats.waiting = scheduler_stats.num_waiting_reqs
@@ -98,8 +99,9 @@ def _stat_logger_factory(stats: EngineStats) -> Any:
 class _Instance:
     """One AsyncLLM and what is needed to prompt it."""
 
-    def __init__(self, spec: EngineSpec, llm: Any, tokenizer: Any, prompt_by_type: dict[str, str],
-                 stop_ids: list[int]) -> None:
+    def __init__(
+        self, spec: EngineSpec, llm: Any, tokenizer: Any, prompt_by_type: dict[str, str], stop_ids: list[int]
+    ) -> None:
         self.spec = spec
         self.llm = llm
         self.tokenizer = tokenizer
@@ -160,9 +162,12 @@ class VllmEngine:
                 if not task.done():
                     end_process_tree(self._loading_cores.get(name, []))
                     task.add_done_callback(_shut_down_when_loaded)
-                elif not task.cancelled() and task.exception() is None:
-                    if task.result() not in (*self._instances, *self._encoders):
-                        self._instances.append(task.result())
+                elif (
+                    not task.cancelled()
+                    and task.exception() is None
+                    and task.result() not in (*self._instances, *self._encoders)
+                ):
+                    self._instances.append(task.result())
             await self.aclose()
             raise
         finally:
@@ -178,8 +183,9 @@ class VllmEngine:
         async with self.spawn_gate:
             set_spawn_environment(spec)
             before = set(spawned_children())
-            task = loading[spec.name] = asyncio.create_task(asyncio.to_thread(self._create, spec),
-                                                             name=f"load-{spec.name}")
+            task = loading[spec.name] = asyncio.create_task(
+                asyncio.to_thread(self._create, spec), name=f"load-{spec.name}"
+            )
             deadline = time.monotonic() + SPAWN_WAIT_SECONDS
             # Without a child process (CPU build, in-process engine) this waits for the whole load.
             while not task.done() and time.monotonic() < deadline:
@@ -190,8 +196,11 @@ class VllmEngine:
                         try:
                             record_engine_process(self.state_dir, pid)
                         except OSError as error:  # e.g. a state_dir this user cannot write
-                            log.warning("cannot record the engine process: if chandrad is killed, end it by "
-                                        "hand", pid=pid, error=str(error))
+                            log.warning(
+                                "cannot record the engine process: if chandrad is killed, end it by hand",
+                                pid=pid,
+                                error=str(error),
+                            )
                     break
                 await asyncio.sleep(0.2)
             if not task.done() and time.monotonic() >= deadline:
@@ -211,24 +220,33 @@ class VllmEngine:
         llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.stats)])
         tokenizer = llm.tokenizer if getattr(llm, "tokenizer", None) is not None else llm.get_tokenizer()
         if inspect.isawaitable(tokenizer):  # older vLLM: async get_tokenizer
-            tokenizer = asyncio.run(tokenizer)
+            tokenizer = asyncio.run(tokenizer)  # type: ignore[arg-type]  # an awaitable, a coroutine in every vLLM that has it
         prompts = {
             prompt_type: tokenizer.apply_chat_template(
                 [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}],
-                tokenize=False, add_generation_prompt=True,
+                tokenize=False,
+                add_generation_prompt=True,
             )
             for prompt_type, text in PROMPT_MAPPING.items()
         }
         vocab = tokenizer.get_vocab()
         stop_ids = [vocab[token] for token in STOP_TOKENS if token in vocab]
         renders_off_loop = _async_renderer(llm) is not None
-        log.info("vllm engine started", engine=spec.name, gpus=spec.cuda_visible_devices,
-                 seconds=round(time.monotonic() - started, 1), vllm=self.vllm_version,
-                 prompts_rendered_in="renderer threads" if renders_off_loop else "event loop")
+        log.info(
+            "vllm engine started",
+            engine=spec.name,
+            gpus=spec.cuda_visible_devices,
+            seconds=round(time.monotonic() - started, 1),
+            vllm=self.vllm_version,
+            prompts_rendered_in="renderer threads" if renders_off_loop else "event loop",
+        )
         if not renders_off_loop:
-            log.warning("this vLLM has no async renderer: each page's image is processed on the daemon's "
-                        "event loop, one at a time (~0.2 s a page on a GPU host); install vLLM >= 0.26 for "
-                        "engine.renderer_workers to apply", vllm=self.vllm_version)
+            log.warning(
+                "this vLLM has no async renderer: each page's image is processed on the daemon's "
+                "event loop, one at a time (~0.2 s a page on a GPU host); install vLLM >= 0.26 for "
+                "engine.renderer_workers to apply",
+                vllm=self.vllm_version,
+            )
         return _Instance(spec, llm, tokenizer, prompts, stop_ids)
 
     async def _warm_up(self) -> None:
@@ -285,14 +303,27 @@ class VllmEngine:
                 # Not awaited: this also runs while the page is being cancelled.
                 asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, self.ec_storage / name, True)
 
-    async def _read(self, instance: _Instance, request: PageRequest, image: Image.Image, max_tokens: int,
-                    max_retries: int, started: float, ec_id: str | None = None) -> PageResult:
+    async def _read(
+        self,
+        instance: _Instance,
+        request: PageRequest,
+        image: Image.Image,
+        max_tokens: int,
+        max_retries: int,
+        started: float,
+        ec_id: str | None = None,
+    ) -> PageResult:
         async def attempt_once(attempt: int, sampling: Sampling) -> Completion:
-            output = await self._generate(instance, request, image, max_tokens, sampling.temperature,
-                                          sampling.top_p, attempt, ec_id)
+            output = await self._generate(
+                instance, request, image, max_tokens, sampling.temperature, sampling.top_p, attempt, ec_id
+            )
             completion = output.outputs[0]
-            return Completion(completion.text, len(output.prompt_token_ids or []), len(completion.token_ids),
-                              str(completion.finish_reason))
+            return Completion(
+                completion.text,
+                len(output.prompt_token_ids or []),
+                len(completion.token_ids),
+                str(completion.finish_reason),
+            )
 
         result = await read_with_retries(attempt_once, max_retries, request.page_no, self.repeat_detector, started)
         self.stats.pages += 1
@@ -300,8 +331,15 @@ class VllmEngine:
         return result
 
     async def _generate(
-        self, instance: _Instance, request: PageRequest, image: Image.Image, max_tokens: int,
-        temperature: float, top_p: float, attempt: int, ec_id: str | None = None,
+        self,
+        instance: _Instance,
+        request: PageRequest,
+        image: Image.Image,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        attempt: int,
+        ec_id: str | None = None,
     ) -> Any:
         from vllm import SamplingParams
         from vllm.exceptions import VLLMValidationError
@@ -314,13 +352,20 @@ class VllmEngine:
         # Only the final output is wanted, as token ids: vLLM would otherwise detokenize every step
         # and build an output object per token on this event loop, which serves every page.
         params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop_token_ids=instance.stop_ids,
-            ignore_eos=self.settings.bench_force_max_tokens, seed=attempt if temperature > 0 else None,
-            output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            stop_token_ids=instance.stop_ids,
+            ignore_eos=self.settings.bench_force_max_tokens,
+            seed=attempt if temperature > 0 else None,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            detokenize=False,
             **self._repetition_detection(),
         )
-        prompt: dict[str, Any] = {"prompt": instance.prompt_by_type[request.prompt_type],
-                                  "multi_modal_data": {"image": image}}
+        prompt: dict[str, Any] = {
+            "prompt": instance.prompt_by_type[request.prompt_type],
+            "multi_modal_data": {"image": image},
+        }
         if ec_id is not None:
             prompt["multi_modal_uuids"] = {"image": [ec_id]}
         request_id = f"{request.doc_id}-p{request.page_no}-a{attempt}-{uuid.uuid4().hex[:8]}"
@@ -336,7 +381,8 @@ class VllmEngine:
         except prompt_rejected as error:
             raise PermanentError(
                 f"page {request.page_no} does not fit the model ({error}); lower engine.max_pixels or raise "
-                f"engine.max_model_len", stage="engine",
+                f"engine.max_model_len",
+                stage="engine",
             ) from None
         except asyncio.CancelledError:
             raise
@@ -348,10 +394,11 @@ class VllmEngine:
             raise TransientError("the engine returned no output", stage="engine")
         completion = final.outputs[0]
         completion.text = await asyncio.to_thread(
-            instance.tokenizer.decode, list(completion.token_ids), skip_special_tokens=True,
+            instance.tokenizer.decode,
+            list(completion.token_ids),
+            skip_special_tokens=True,
         )
         return final
-
 
     def _repetition_detection(self) -> dict[str, Any]:
         """vLLM's own loop detector stops a looping page early (finish "repetition"), where it exists."""
@@ -362,9 +409,12 @@ class VllmEngine:
             from vllm.sampling_params import RepetitionDetectionParams
         except ImportError:
             return {}
-        return {"repetition_detection": RepetitionDetectionParams(
-            max_pattern_size=max_pattern, min_count=self.settings.repetition_min_count,
-        )}
+        return {
+            "repetition_detection": RepetitionDetectionParams(
+                max_pattern_size=max_pattern,
+                min_count=self.settings.repetition_min_count,
+            )
+        }
 
 
 def _mm_hashes(engine_input: Any) -> list[str]:
@@ -395,7 +445,8 @@ async def _render_off_loop(llm: Any, prompt: dict[str, Any]) -> Any:
 
 
 def _scaled_rgb(image: Image.Image) -> Image.Image:
-    return scale_to_fit(image.convert("RGB"))
+    scaled: Image.Image = scale_to_fit(image.convert("RGB"))  # chandra-ocr ships no type hints
+    return scaled
 
 
 def _shut_down_when_loaded(task: asyncio.Task[_Instance]) -> None:
