@@ -101,12 +101,18 @@ class Sampler:
         if self._thread is not None:
             self._thread.join(5)
 
+    def _sampled(self) -> None:
+        # A bound on a peak nobody measured would hold whatever the daemon did.
+        assert self.samples > 0, "the sampler took no sample of the daemon (was it started while the daemon ran?)"
+
     @property
     def max_rss_mb(self) -> float:
+        self._sampled()
         return round(self.max_rss_kb / 1024, 1)
 
     @property
     def max_tree_rss_mb(self) -> float:
+        self._sampled()
         return round(self.max_tree_rss_kb / 1024, 1)
 
 
@@ -136,15 +142,14 @@ class ChaosDaemon(DaemonProcess):
         return self.proc.pid if self.alive and self.proc is not None else None
 
     def start(self, env: dict[str, str] | None = None, wait: bool = True) -> ChaosDaemon:
-        log = open(self.log_path, "ab")
         run_env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env, **(env or {})}
         command = [sys.executable, "-m", "chandrad", "run", "--config", str(self.config)]
         if self.user is not None:
             command = ["setpriv", f"--reuid={self.user}", f"--regid={self.user}", "--clear-groups",
                        "--inh-caps=-all", "--bounding-set=-all", *command]
         events_before = len(self.events())
-        self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=run_env, cwd=self.root)
-        log.close()
+        with open(self.log_path, "ab") as log:  # the child has its own copy of the descriptor
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=run_env, cwd=self.root)
         self.starts += 1
         if wait:
             wait_for(lambda: any(e.get("event") == "watching inbox" for e in self.events()[events_before:])
@@ -376,7 +381,7 @@ def check_accounted(daemon: ChaosDaemon, inputs: dict[str, Expect], formats: tup
         if not folder.exists():
             return found
         for path in folder.rglob("*"):
-            if path.is_symlink() or not path.is_file() or path.name.endswith(".error.json") or path.name.endswith(".tmp"):
+            if path.is_symlink() or not path.is_file() or path.name.endswith((".error.json", ".tmp")):
                 continue
             found.setdefault(sha(path.read_bytes()), []).append(path)
         return found
@@ -409,7 +414,6 @@ def check_accounted(daemon: ChaosDaemon, inputs: dict[str, Expect], formats: tup
             for row in ok:
                 document = json.loads(next(Path(row["output_dir"]).glob("*.json")).read_text())
                 assert document["num_pages"] == expect.pages, (name, document["num_pages"])
-    assert len(failed_rows) + len(published_rows) == len(rows)
     assert losses == 0, f"{losses} input(s) neither archived nor in failed/"
     assert dupes == 0, f"{dupes} duplicate output(s)/original(s)"
     assert len(rows) <= len(inputs) + allow_extra_failed, (
@@ -437,7 +441,23 @@ def corpus_bytes(name: str) -> bytes:
 
 
 __all__ = [
-    "CHAOS_DIR", "ChaosDaemon", "DrawingEngine", "Expect", "chaos_env", "Sampler", "assemble_pdf", "check_accounted", "corpus_bytes", "drop_bytes",
-    "fake_tools", "multi_frame_tiff", "png_bomb", "published_dirs", "record_figures", "sha", "simple_pdf",
-    "text_png", "wait_for",
+    "CHAOS_DIR",
+    "ChaosDaemon",
+    "DrawingEngine",
+    "Expect",
+    "Sampler",
+    "assemble_pdf",
+    "chaos_env",
+    "check_accounted",
+    "corpus_bytes",
+    "drop_bytes",
+    "fake_tools",
+    "multi_frame_tiff",
+    "png_bomb",
+    "published_dirs",
+    "record_figures",
+    "sha",
+    "simple_pdf",
+    "text_png",
+    "wait_for",
 ]

@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.chaoslib import (
-    ChaosDaemon, Expect, check_accounted, corpus_bytes, drop_bytes, published_dirs, record_figures, simple_pdf, text_png,
+    ChaosDaemon,
+    Expect,
+    check_accounted,
+    corpus_bytes,
+    drop_bytes,
+    published_dirs,
+    record_figures,
+    simple_pdf,
+    text_png,
     wait_for,
 )
 

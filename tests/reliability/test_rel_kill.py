@@ -21,8 +21,16 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.chaoslib import (
-    ChaosDaemon, Expect, chaos_env, check_accounted, corpus_bytes, drop_bytes, record_figures, simple_pdf,
-    text_png, wait_for,
+    ChaosDaemon,
+    Expect,
+    chaos_env,
+    check_accounted,
+    corpus_bytes,
+    drop_bytes,
+    record_figures,
+    simple_pdf,
+    text_png,
+    wait_for,
 )
 
 SEED = int(os.environ.get("CHANDRAD_RELIABILITY_SEED", "0")) or random.randrange(1, 1 << 30)
@@ -60,7 +68,16 @@ def kill_when(daemon: ChaosDaemon, state: str, timeout: float) -> bool:
     return False
 
 
-def run_kill_loop(daemon: ChaosDaemon, kills: int, generations: int, rng: random.Random) -> tuple[dict[str, Expect], list[str]]:
+def published_without_outputs(daemon: ChaosDaemon) -> list[str]:
+    """Documents the journal calls published whose outputs (their JSON at least) are not in the outbox."""
+    rows = daemon.journal_rows("SELECT rel_path, output_dir FROM documents WHERE state = 'published'")
+    return [row["rel_path"] for row in rows
+            if not row["output_dir"] or not list(Path(row["output_dir"]).glob("*.json"))]
+
+
+def run_kill_loop(
+    daemon: ChaosDaemon, kills: int, generations: int, rng: random.Random
+) -> tuple[dict[str, Expect], list[str]]:
     inputs: dict[str, Expect] = {}
     points: list[str] = []
     daemon.start()
@@ -86,10 +103,7 @@ def run_kill_loop(daemon: ChaosDaemon, kills: int, generations: int, rng: random
                 daemon.kill9()
                 target = "random"
             points.append(target)
-        if daemon.final_count() >= len(inputs) and all(
-            s in ("published", "failed") for s in daemon.states().values()
-        ):
-            pass
+        assert published_without_outputs(daemon) == [], f"after the kill at {points[-1]}"
         daemon.start()
     wait_for(lambda: daemon.final_count() >= len(inputs) - 1 and not daemon.count_rows(
         "state NOT IN ('published', 'failed')") and not daemon.leftovers(), 300, "everything to settle after the kills")
@@ -208,13 +222,13 @@ def test_soak_kill_9_after_every_fsync_and_rename_of_a_document_life(chaos_facto
             inputs = {"sub/doc.pdf": Expect(simple_pdf(2, label=f"{call} {nth}"), pages=2)}
             drop_bytes(daemon.inbox, "sub/doc.pdf", inputs["sub/doc.pdf"].data)
             daemon.start(env={"CHAOS_KILL": f"{call}::after:{nth}"}, wait=False)
-            wait_for(lambda: not daemon.alive or daemon.final_count() == 1, 60, "the kill or the end")
+            wait_for(lambda daemon=daemon: not daemon.alive or daemon.final_count() == 1, 60, "the kill or the end")
             reached = not daemon.alive
             if daemon.alive:
                 daemon.stop()
             else:
                 daemon.start(env={"CHAOS_KILL": ""})
-                wait_for(lambda: daemon.final_count() == 1 and not daemon.leftovers(), 60, "recovery")
+                wait_for(lambda daemon=daemon: daemon.final_count() == 1 and not daemon.leftovers(), 60, "recovery")
                 assert daemon.stop() == 0
             check_accounted(daemon, inputs)
             if not reached:

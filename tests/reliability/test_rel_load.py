@@ -13,7 +13,14 @@ import time
 import pytest
 
 from tests.reliability.chaoslib import (
-    ChaosDaemon, Expect, check_accounted, drop_bytes, record_figures, simple_pdf, text_png, wait_for,
+    ChaosDaemon,
+    Expect,
+    check_accounted,
+    drop_bytes,
+    record_figures,
+    simple_pdf,
+    text_png,
+    wait_for,
 )
 
 IN_FLIGHT = 4
@@ -56,7 +63,7 @@ def run_load(daemon: ChaosDaemon, count: int, stream_seconds: float) -> dict[str
         wait_for(lambda: daemon.final_count() >= len(inputs), 300, "the stream to drain")
     time.sleep(2)
     daemon.sampler.stop()
-    figures = check_accounted(daemon, inputs)
+    figures = check_accounted(daemon, inputs)  # asserts no loss and no duplicate
     assert daemon.stop() == 0
     sampler = daemon.sampler
     return {
@@ -74,7 +81,6 @@ def test_a_burst_of_200_small_documents_is_processed_with_bounded_memory_fds_and
                                         inbox_config="settle_seconds = 0.5")
     figures = run_load(daemon, 200, stream_seconds=0)
     record_figures("load: 200 PNGs at once (bounded)", **figures)
-    assert figures["losses"] == 0 and figures["duplicates"] == 0
     assert figures["max_in_flight"] <= IN_FLIGHT
     assert figures["max_fds"] < 64, "open fds stay bounded (no leak per document)"
     assert figures["max_rss_mb"] < 400
@@ -86,7 +92,6 @@ def test_soak_1000_at_once_then_a_steady_stream_for_minutes_keeps_memory_and_fds
                                         inbox_config="settle_seconds = 0.5")
     figures = run_load(daemon, 1000, stream_seconds=240)
     record_figures("load: 1000 PNGs at once + 4 min stream (soak)", **figures)
-    assert figures["losses"] == 0 and figures["duplicates"] == 0
     assert figures["max_in_flight"] <= IN_FLIGHT
     assert figures["end_fds"] <= figures["fds_after_burst"] + 4, "fds flat over the stream"
     assert figures["end_rss_mb"] <= figures["rss_after_burst_mb"] * 1.25 + 20, "RSS flat over the stream"

@@ -18,8 +18,16 @@ from pathlib import Path
 import psutil
 
 from tests.reliability.chaoslib import (
-    ChaosDaemon, Expect, check_accounted, corpus_bytes, drop_bytes, fake_tools, record_figures, simple_pdf,
-    text_png, wait_for,
+    ChaosDaemon,
+    Expect,
+    check_accounted,
+    corpus_bytes,
+    drop_bytes,
+    fake_tools,
+    record_figures,
+    simple_pdf,
+    text_png,
+    wait_for,
 )
 
 HANG = "sleep 613"  # a duration no one else uses, to find leftovers
@@ -77,11 +85,7 @@ def test_hung_and_killed_ghostscript_and_poppler_time_out_or_fall_back_and_the_d
 
 
 def _hung_children() -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if proc.info["cmdline"] == HANG.split():
-            found.append(proc)
-    return found
+    return [proc for proc in psutil.process_iter(["cmdline"]) if proc.info["cmdline"] == HANG.split()]
 
 
 
