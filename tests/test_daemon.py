@@ -6,11 +6,8 @@ import collections
 import json
 import os
 import re
-import shutil
 import time
 from pathlib import Path
-
-import pytest
 
 from tests.conftest import CORPUS, corpus_file, drop, wait_for
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -20,7 +21,8 @@ from tests.conftest import REPO, corpus_file, drop, wait_for
 
 def test_units_pass_systemd_analyze_verify(tmp_path):
     analyze = shutil.which("systemd-analyze")
-    assert analyze, "make test installs Debian's systemd package for this"
+    if analyze is None:
+        pytest.fail("systemd-analyze is missing: make test installs Debian's systemd package for this")
     chandrad = Path(sys.executable).with_name("chandrad")
     for name, as_name in (("chandrad.service", "chandrad.service"), ("chandrad@.service", "chandrad@gpu01.service")):
         text = (REPO / "systemd" / name).read_text().replace("/opt/chandrad/venv/bin/chandrad", str(chandrad))
@@ -179,12 +181,11 @@ def test_under_systemd_log_events_reach_journald_with_filterable_fields(daemon_f
                 return entries
             entries.append(dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line))
 
-    import json as _json
-
-    daemon.proc = subprocess.Popen(
-        [sys.executable, "-m", "chandrad", "run", "--config", str(daemon.config)],
-        stdout=open(daemon.log_path, "ab"), stderr=subprocess.STDOUT, env={**os.environ, **proc_env},
-    )
+    with open(daemon.log_path, "ab") as log:  # the child has its own copy of the descriptor
+        daemon.proc = subprocess.Popen(
+            [sys.executable, "-m", "chandrad", "run", "--config", str(daemon.config)],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **proc_env},
+        )
     try:
         wait_for(lambda: any(e.get("MESSAGE") == "watching inbox" for e in read_entries()), 60, "journald entries")
         drop(corpus_file("trivial.pdf"), daemon.inbox)
@@ -195,6 +196,6 @@ def test_under_systemd_log_events_reach_journald_with_filterable_fields(daemon_f
     published = next(e for e in entries if e.get("MESSAGE") == "document published")
     assert published["INBOX"] == "inbox" and published["FILE"] == "trivial.pdf" and len(published["DOC"]) == 16
     assert published["PRIORITY"] == "6" and published["SYSLOG_IDENTIFIER"] == "chandrad"
-    assert _json.loads(published["CHANDRAD_JSON"])["doc"] == published["DOC"]
+    assert json.loads(published["CHANDRAD_JSON"])["doc"] == published["DOC"]
     pages = [e for e in entries if e.get("MESSAGE") == "page done"]
     assert pages and pages[0]["PAGE"] == "1"

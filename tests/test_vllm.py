@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import json
 import os
 import signal
@@ -58,11 +57,12 @@ def tiny_qwen35_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def engine_settings(model: Path, **overrides: object) -> EngineSettings:
-    values: dict[str, object] = dict(
-        kind="vllm", model=str(model), max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=4096,
-        kv_cache_memory_gb=0.25, min_pixels=4096, max_pixels=262144, enforce_eager=True, max_tokens=48,
-        max_retries=1, mm_processor_cache_gb=0, health_check_seconds=1, restart_backoff_seconds=0.5,
-    )
+    values: dict[str, object] = {
+        "kind": "vllm", "model": str(model), "max_model_len": 4096, "max_num_seqs": 8,
+        "max_num_batched_tokens": 4096, "kv_cache_memory_gb": 0.25, "min_pixels": 4096, "max_pixels": 262144,
+        "enforce_eager": True, "max_tokens": 48, "max_retries": 1, "mm_processor_cache_gb": 0,
+        "health_check_seconds": 1, "restart_backoff_seconds": 0.5,
+    }
     values.update(overrides)
     return EngineSettings(**values)  # type: ignore[arg-type]
 
@@ -259,7 +259,9 @@ def test_encoder_split_hands_each_image_to_the_language_model_and_keeps_no_encod
     assert any(e.get("event") == "vllm engine started" and e.get("engine") == "encoder" for e in daemon.events())
     drop(corpus_file("multipage.pdf"), daemon.inbox)
     blank = tmp_path / "blank.tiff"  # two identical pages at once
-    Image.new("RGB", SMALL_PAGE, "white").save(blank, save_all=True, append_images=[Image.new("RGB", SMALL_PAGE, "white")])
+    Image.new("RGB", SMALL_PAGE, "white").save(
+        blank, save_all=True, append_images=[Image.new("RGB", SMALL_PAGE, "white")]
+    )
     drop(blank, daemon.inbox)
     wait_for(lambda: daemon.settled_all(2), 240, "both documents through the encoder split")
     assert daemon.states() == {"multipage.pdf": "published", "blank.tiff": "published"}
