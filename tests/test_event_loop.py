@@ -1,0 +1,132 @@
+"""The daemon's event loop is never held: no callback runs for more than 100 ms while a 300-page
+document is taken in, read and published (asyncio's own slow-callback detection, debug mode).
+
+Every page of every document is fed to the engine from this one loop; a callback that holds it
+(chandra's parser over a whole document, an fsync, a stat on a hung share) stalls the engine's
+feed and the systemd watchdog for as long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import time
+
+from PIL import Image
+
+from chandrad.config import EngineSettings, InboxSettings, Settings
+from chandrad.daemon import Daemon
+from chandrad.engine.base import EngineStatus, PageRequest, PageResult
+
+SLOW_CALLBACK_SECONDS = 0.1
+PAGES = 300
+
+_ROWS = "".join(f"<tr><td>Item {i}</td><td>{i * 3.5:.2f}</td><td>note {i} on the invoice line</td></tr>" for i in range(25))
+_PARAGRAPH = " ".join(["Revenue grew in every region, with particular strength in services and support."] * 6)
+# One page as Chandra writes it (headings, paragraphs, a table, an equation, a footer): chandra's
+# parser takes ~11 ms over it, 3.4 s over 300 such pages.
+CHANDRA_PAGE_HTML = (
+    '<div data-bbox="60 40 940 90" data-label="Section-Header"><h1>Annual report 2026</h1></div>\n'
+    + "".join(
+        f'<div data-bbox="60 {100 + i * 60} 940 {150 + i * 60}" data-label="Text"><p>{_PARAGRAPH}</p></div>\n'
+        for i in range(6)
+    )
+    + '<div data-bbox="60 500 940 900" data-label="Table"><table><tr><th>Item</th><th>Amount</th><th>Note</th></tr>'
+    + _ROWS
+    + "</table></div>\n"
+    + '<div data-bbox="60 920 940 960" data-label="Equation-Block"><math>E = mc^2 + \\sum_i x_i</math></div>\n'
+    + '<div data-bbox="0 970 1000 1000" data-label="Page-Footer">Page 1</div>'
+)
+
+
+class ReplayEngine:
+    """Test double for the Chandra model (its weights and a GPU are not on this machine, and the tiny
+    random-weight model writes no Chandra HTML): answers every page at once with one recorded page
+    of Chandra's output, so that everything the daemon does around the engine is what is measured."""
+
+    name = "replay"
+    model = "recorded-chandra-page"
+
+    async def start(self) -> None:
+        return None
+
+    async def ocr(self, request: PageRequest) -> PageResult:
+        await asyncio.sleep(0.02)  # an answer in flight, as from a real engine, without its wait
+        return PageResult(html=CHANDRA_PAGE_HTML, prompt_tokens=5017, output_tokens=1500)
+
+    def status(self) -> EngineStatus:
+        return EngineStatus()
+
+    async def memory_in_use(self) -> int | None:
+        return None
+
+    def stopping(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+def many_page_pdf(pages: int) -> bytes:
+    """A PDF of ``pages`` small scanned pages (each a different image, so no two pages are alike)."""
+    frames = [Image.new("L", (72, 93), 255 - (n % 200)) for n in range(pages)]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, format="PDF", save_all=True, append_images=frames[1:], resolution=72)
+    return buffer.getvalue()
+
+
+class SlowCallbacks(logging.Handler):
+    """asyncio's debug mode logs "Executing <callback> took 0.123 seconds" for each slow one."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen: list[str] = []
+        self.counting = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        # The test's own task is the harness, not the daemon: its steps are not counted.
+        if self.counting and message.startswith("Executing") and "took" in message and __file__ not in message:
+            self.seen.append(message)
+
+
+async def test_no_callback_holds_the_event_loop_over_100_ms_while_a_300_page_document_is_published(tmp_path):
+    loop = asyncio.get_running_loop()
+    loop.set_debug(True)
+    loop.slow_callback_duration = SLOW_CALLBACK_SECONDS
+    slow = SlowCallbacks()
+    asyncio_log = logging.getLogger("asyncio")
+    asyncio_log.addHandler(slow)
+    inbox = InboxSettings(path=tmp_path / "inbox", settle_seconds=0.2, formats=("md", "html", "json"))
+    settings = Settings(
+        state_dir=tmp_path / "state", inbox=(inbox,), engine=EngineSettings(kind="tesseract", max_pages_in_flight=16),
+        metrics_address="",
+    )
+    daemon = Daemon(settings, engine=ReplayEngine())
+    serving = asyncio.create_task(daemon.serve())
+    try:
+        for _ in range(600):
+            if daemon.ready:
+                break
+            await asyncio.sleep(0.1)
+        assert daemon.ready, "the daemon became ready"
+        pdf = await asyncio.to_thread(many_page_pdf, PAGES)
+        slow.counting = True
+        await asyncio.to_thread((inbox.path / "report.pdf").write_bytes, pdf)
+        output = inbox.outbox / "report" / "report.md"
+        deadline = time.monotonic() + 280
+        while not await asyncio.to_thread(output.exists) and time.monotonic() < deadline:
+            assert not serving.done(), "the daemon keeps running"
+            await asyncio.sleep(0.5)
+        slow.counting = False
+        assert await asyncio.to_thread(output.exists), "the 300-page document was published"
+    finally:
+        daemon.handle_exit()
+        await asyncio.wait_for(serving, 60)
+        asyncio_log.removeHandler(slow)
+        loop.set_debug(False)
+    markdown = output.read_text(encoding="utf-8")
+    assert markdown.count("Annual report 2026") == PAGES, "every page's text is in the Markdown"
+    assert slow.seen == [], f"{len(slow.seen)} callbacks held the loop over 100 ms:\n" + "\n".join(slow.seen[:10])
+
