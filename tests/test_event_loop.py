@@ -22,7 +22,7 @@ from chandrad.engine.base import EngineStatus, PageRequest, PageResult
 SLOW_CALLBACK_SECONDS = 0.1
 PAGES = 300
 
-_ROWS = "".join(f"<tr><td>Item {i}</td><td>{i * 3.5:.2f}</td><td>note {i} on the invoice line</td></tr>" for i in range(25))
+_ROWS = "".join(f"<tr><td>Item {i}</td><td>{i * 3.5:.2f}</td><td>note {i} on the invoice</td></tr>" for i in range(25))
 _PARAGRAPH = " ".join(["Revenue grew in every region, with particular strength in services and support."] * 6)
 # One page as Chandra writes it (headings, paragraphs, a table, an equation, a footer): chandra's
 # parser takes ~11 ms over it, 3.4 s over 300 such pages.
@@ -100,7 +100,9 @@ async def test_no_callback_holds_the_event_loop_over_100_ms_while_a_300_page_doc
     asyncio_log.addHandler(slow)
     inbox = InboxSettings(path=tmp_path / "inbox", settle_seconds=0.2, formats=("md", "html", "json"))
     settings = Settings(
-        state_dir=tmp_path / "state", inbox=(inbox,), engine=EngineSettings(kind="tesseract", max_pages_in_flight=16),
+        state_dir=tmp_path / "state",
+        inbox=(inbox,),
+        engine=EngineSettings(kind="tesseract", max_pages_in_flight=16),
         metrics_address="",
     )
     daemon = Daemon(settings, engine=ReplayEngine())
@@ -129,4 +131,3 @@ async def test_no_callback_holds_the_event_loop_over_100_ms_while_a_300_page_doc
     markdown = output.read_text(encoding="utf-8")
     assert markdown.count("Annual report 2026") == PAGES, "every page's text is in the Markdown"
     assert slow.seen == [], f"{len(slow.seen)} callbacks held the loop over 100 ms:\n" + "\n".join(slow.seen[:10])
-
