@@ -1,0 +1,366 @@
+"""A claimed document's journey, step by step, on real files, a real journal and real renderers
+(poppler for the PDFs). Most tests read pages with ``PageEngine``, a test double standing for the
+Chandra model (which cannot run here): it answers every page with a text block and a figure, as
+``tests.reliability.chaoslib.DrawingEngine`` does, and records which pages it was asked for. One
+test runs the real tesseract engine end to end."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+from chandrad import folders
+from chandrad.config import EngineSettings, InboxSettings, Settings
+from chandrad.engine.base import Engine, PageRequest, PageResult
+from chandrad.engine.tesseract import TesseractEngine
+from chandrad.errors import PermanentError
+from chandrad.failures import Failures
+from chandrad.intake import Intake
+from chandrad.journal import Document, Journal
+from chandrad.runtime import Runtime
+from chandrad.stages import DocumentStages, Work
+from chandrad.watch import SettledFile
+from tests.reliability.chaoslib import DrawingEngine, simple_pdf, text_png
+
+
+class PageEngine(DrawingEngine):
+    """The model's stand-in: a text block and a figure per page; records the pages it was sent.
+    ``fail_pages`` maps a page number to the exception its every reading raises."""
+
+    def __init__(self, fail_pages: dict[int, BaseException] | None = None) -> None:
+        self.pages_read: list[int] = []
+        self.fail_pages = fail_pages or {}
+
+    async def ocr(self, request: PageRequest) -> PageResult:
+        self.pages_read.append(request.page_no)
+        if request.page_no in self.fail_pages:
+            raise self.fail_pages[request.page_no]
+        return await super().ocr(request)
+
+
+class Clock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class World:
+    tmp_path: Path
+    inbox: InboxSettings
+    settings: Settings
+    journal: Journal
+    clock: Clock
+
+    def stages(self, engine: Engine) -> DocumentStages:
+        """A fresh set of stages (as after a restart) reading pages with ``engine``."""
+        runtime = Runtime(self.settings, self.journal, engine, clock=self.clock)
+        return DocumentStages(runtime, Failures(runtime))
+
+    async def take_in(self, name: str, data: bytes) -> Document:
+        """The file dropped and claimed by the real intake: a queued document."""
+        path = self.inbox.path / name
+        path.write_bytes(data)
+        runtime = Runtime(self.settings, self.journal, DrawingEngine(), clock=self.clock)
+        st = path.lstat()
+        settled = SettledFile(self.inbox, path, Path(name), st.st_size, st.st_mtime_ns, "regular")
+        doc = await Intake(runtime, Failures(runtime)).take_in(settled)
+        assert doc is not None and doc.state == "queued"
+        return doc
+
+    def work(self, doc_id: str) -> Work:
+        doc = self.journal.get(doc_id)
+        assert doc.claimed_path is not None
+        return Work(doc, self.inbox, Path(doc.claimed_path), folders.staging_dir(self.inbox.outbox, doc.id))
+
+    def outbox_documents(self) -> list[str]:
+        return sorted(p.name for p in self.inbox.outbox.iterdir() if p.name != folders.DAEMON_DIR)
+
+
+def make_world(tmp_path: Path, inbox_settings: dict[str, object] | None = None, **settings: object) -> World:
+    inbox = InboxSettings.model_validate({"path": tmp_path / "inbox", "settle_seconds": 0, **(inbox_settings or {})})
+    full = Settings.model_validate(
+        {
+            "state_dir": tmp_path / "state",
+            "inbox": (inbox,),
+            "engine": EngineSettings(kind="tesseract"),
+            "metrics_address": "",
+            "retry_backoff_seconds": 0,
+            **settings,
+        }
+    )
+    for folder in (inbox.path, inbox.outbox, inbox.failed, inbox.archive, full.state_dir):
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+    clock = Clock()
+    return World(tmp_path, inbox, full, Journal(full.state_dir / "journal.sqlite3", clock=clock), clock)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    made = make_world(tmp_path)
+    yield made
+    made.journal.close()
+
+
+def document_json(output_dir: Path) -> dict[str, object]:
+    (path,) = output_dir.glob("*.json")
+    return dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+async def test_a_queued_document_is_published_with_its_outputs_in_the_outbox_and_its_original_archived(
+    world: World,
+) -> None:
+    data = simple_pdf(2, label="journey")
+    doc = await world.take_in("report.pdf", data)
+    engine = PageEngine()
+    outcome = await world.stages(engine).run(doc.id)
+    assert outcome.state == "published"
+    assert outcome.output_dir == world.inbox.outbox / "report"
+    assert sorted(engine.pages_read) == [1, 2]
+    files = {p.name for p in outcome.output_dir.iterdir()}
+    assert {"report.md", "report.html", "report.json", "images"} <= files
+    published = document_json(outcome.output_dir)
+    assert published["doc_id"] == doc.id and len(published["pages"]) == 2  # type: ignore[arg-type]
+    assert "Quarterly figures" in (outcome.output_dir / "report.md").read_text(encoding="utf-8")
+    assert len(list((outcome.output_dir / "images").iterdir())) == 2, "each page's figure was cropped"
+    assert (world.inbox.archive / "report.pdf").read_bytes() == data
+    final = world.journal.get(doc.id)
+    assert final.state == "published" and final.final_path == str(world.inbox.archive / "report.pdf")
+    assert world.journal.pages(doc.id) == [], "page rows are dropped once the document is final"
+    assert not folders.staging_dir(world.inbox.outbox, doc.id).parent.exists()
+    assert not folders.work_dir(world.settings.state_dir, doc.id).exists()
+    assert not folders.claimed_root(world.inbox.path).joinpath(doc.id).exists()
+
+
+async def test_each_step_commits_its_state_and_leaves_the_files_where_the_next_step_expects_them(
+    world: World,
+) -> None:
+    doc = await world.take_in("steps.pdf", simple_pdf(2, label="steps"))
+    stages, work = world.stages(PageEngine()), world.work(doc.id)
+
+    await stages.prepare(work)
+    assert (work.doc.state, work.doc.page_count) == ("inferring", 2)
+    assert world.journal.get(doc.id).state == "inferring"
+
+    await stages.infer(work)
+    assert world.journal.done_page_numbers(doc.id) == {1, 2}
+    assert len(list((work.staging / "images").iterdir())) == 2
+    assert world.journal.get(doc.id).state == "inferring"
+
+    await stages.publish(work)
+    row = world.journal.get(doc.id)
+    assert row.state == "publishing" and row.output_dir == str(world.inbox.outbox / "steps")
+    assert (world.inbox.outbox / "steps" / "steps.md").is_file()
+    assert not work.staging.exists(), "the staging folder was renamed into the outbox"
+    assert work.claimed.exists(), "the original stays claimed until the last step"
+
+    outcome = await stages.finish(work)
+    assert outcome.state == "published"
+    assert world.journal.get(doc.id).state == "published"
+    assert (world.inbox.archive / "steps.pdf").is_file() and not work.claimed.exists()
+
+
+async def test_a_document_interrupted_after_its_outputs_were_renamed_resumes_by_only_finishing(
+    world: World,
+) -> None:
+    """A crash after the outputs' rename, before the original's move: the journal says
+    ``publishing``, the staging folder is gone. The next run neither reads a page nor publishes
+    again (no ``name (2)``): it archives the original and marks the document published."""
+    doc = await world.take_in("interrupted.pdf", simple_pdf(2, label="interrupted"))
+    before_crash, work = world.stages(PageEngine()), world.work(doc.id)
+    await before_crash.prepare(work)
+    await before_crash.infer(work)
+    await before_crash.publish(work)
+    output_dir = world.inbox.outbox / "interrupted"
+    markdown = (output_dir / "interrupted.md").read_bytes()
+
+    engine = PageEngine()
+    outcome = await world.stages(engine).run(doc.id)
+    assert outcome.state == "published" and outcome.output_dir == output_dir
+    assert engine.pages_read == [], "no page was read again"
+    assert world.outbox_documents() == ["interrupted"]
+    assert (output_dir / "interrupted.md").read_bytes() == markdown
+    assert (world.inbox.archive / "interrupted.pdf").is_file()
+    assert world.journal.get(doc.id).state == "published"
+
+
+async def test_a_publishing_document_whose_named_folder_holds_another_documents_outputs_is_carried_on(
+    world: World,
+) -> None:
+    """The journal named ``outbox/scan`` before a rename that never happened, and the staging copy
+    is gone: the folder now there is another document's (its JSON says so). Calling it ours would
+    archive this original unread; the document is read and published under a free name instead."""
+    doc = await world.take_in("scan.pdf", simple_pdf(1, label="mine"))
+    theirs = world.inbox.outbox / "scan"
+    theirs.mkdir()
+    (theirs / "scan.json").write_text(json.dumps({"doc_id": "someone-else"}), encoding="utf-8")
+    world.journal.set_state(doc.id, "publishing", output_dir=str(theirs))
+    engine = PageEngine()
+    outcome = await world.stages(engine).run(doc.id)
+    assert outcome.state == "published"
+    assert engine.pages_read == [1]
+    assert outcome.output_dir == world.inbox.outbox / "scan (2)"
+    assert document_json(outcome.output_dir)["doc_id"] == doc.id
+    assert [p.name for p in theirs.iterdir()] == ["scan.json"], "the other document's folder is untouched"
+
+
+async def test_a_document_interrupted_mid_inference_reads_only_the_pages_it_had_not_finished(world: World) -> None:
+    doc = await world.take_in("long.pdf", simple_pdf(3, label="long"))
+    before_crash, work = world.stages(PageEngine()), world.work(doc.id)
+    await before_crash.prepare(work)
+    await before_crash.infer(work)
+    world.journal.drop_pages(doc.id, [3])  # page 3 had not arrived when it stopped
+    world.journal.set_state(doc.id, "queued")  # what recovery does with an inferring document
+    engine = PageEngine()
+    outcome = await world.stages(engine).run(doc.id)
+    assert outcome.state == "published"
+    assert engine.pages_read == [3]
+    assert len(document_json(world.inbox.outbox / "long")["pages"]) == 3  # type: ignore[arg-type]
+
+
+async def test_a_claimed_original_gone_from_a_reachable_inbox_fails_the_document(world: World) -> None:
+    doc = await world.take_in("lost.png", text_png("lost"))
+    world.work(doc.id).claimed.unlink()
+    outcome = await world.stages(PageEngine()).run(doc.id)
+    assert outcome.state == "failed"
+    row = world.journal.get(doc.id)
+    assert row.state == "failed" and row.error is not None
+    assert "disappeared" in row.error["reason"] and row.error["kind"] == "permanent"
+    report = json.loads((world.inbox.failed / "lost.png.error.json").read_text(encoding="utf-8"))
+    assert report["reason"] == row.error["reason"]
+
+
+async def test_a_claimed_original_gone_with_its_whole_inbox_waits_and_is_published_when_it_returns(
+    world: World,
+) -> None:
+    """An unmounted share takes the claimed original with it: not lost, so the document waits
+    (without using an attempt) instead of failing, and is published once the inbox is back."""
+    doc = await world.take_in("share.png", text_png("on a share"))
+    away = world.tmp_path / "inbox.unmounted"
+    world.inbox.path.rename(away)
+    world.inbox.path.mkdir()  # the empty mount point
+    stages = world.stages(PageEngine())
+    waiting = await stages.run(doc.id)
+    assert waiting.state == "queued"
+    row = world.journal.get(doc.id)
+    assert row.state == "queued" and row.attempts == 0 and row.history == []
+    assert row.error is not None and row.error["kind"] == "inbox-unreachable"
+    world.inbox.path.rmdir()
+    away.rename(world.inbox.path)
+    assert (await stages.run(doc.id)).state == "published"
+
+
+async def test_a_copy_left_queued_by_a_crash_before_its_duplicate_check_fails_as_a_duplicate(world: World) -> None:
+    """Intake claims a file and queues it before checking it against earlier content; a crash in
+    between leaves the copy queued. Its first run checks again, or the copy would be published twice."""
+    data = text_png("twice")
+    original = await world.take_in("original.png", data)
+    copy_path = world.inbox.path / "copy.png"
+    copy_path.write_bytes(data)
+    st = copy_path.lstat()
+    copy = world.journal.add_document(world.inbox.name, "copy.png", original.sha256, st.st_size, st.st_mtime_ns)
+    claimed = folders.claimed_path(world.inbox.path, copy.id, Path("copy.png"))
+    claimed.parent.mkdir(parents=True)
+    copy_path.rename(claimed)
+    world.journal.set_state(copy.id, "queued", claimed_path=str(claimed))  # ... and the crash
+
+    engine = PageEngine()
+    outcome = await world.stages(engine).run(copy.id)
+    assert outcome.state == "failed"
+    assert engine.pages_read == []
+    row = world.journal.get(copy.id)
+    assert row.error is not None and row.error["kind"] == "duplicate" and "original.png" in row.error["reason"]
+    assert (world.inbox.failed / "copy.png").read_bytes() == data
+
+
+async def test_a_page_the_engine_can_never_read_fails_the_document_when_no_gaps_are_allowed(world: World) -> None:
+    doc = await world.take_in("gap.pdf", simple_pdf(2, label="gap"))
+    engine = PageEngine({2: PermanentError("the page does not fit the model", stage="engine")})
+    outcome = await world.stages(engine).run(doc.id)
+    assert outcome.state == "failed"
+    assert "1 of 2 pages could not be read" in outcome.reason and "page 2: the page does not fit" in outcome.reason
+    assert world.outbox_documents() == []
+    assert (world.inbox.failed / "gap.pdf").is_file()
+
+
+async def test_a_page_the_engine_can_never_read_is_published_as_a_marked_gap_within_max_page_error_rate(
+    tmp_path: Path,
+) -> None:
+    world = make_world(tmp_path, max_page_error_rate=0.5)
+    try:
+        doc = await world.take_in("gap.pdf", simple_pdf(2, label="gap"))
+        engine = PageEngine({2: PermanentError("the page does not fit the model", stage="engine")})
+        outcome = await world.stages(engine).run(doc.id)
+        assert outcome.state == "published" and outcome.output_dir is not None
+        assert document_json(outcome.output_dir)["failed_pages"] == [2]
+        markdown = (outcome.output_dir / "gap.md").read_text(encoding="utf-8")
+        assert "[page 2 could not be read: the page does not fit the model]" in markdown
+    finally:
+        world.journal.close()
+
+
+async def test_an_unexpected_exception_is_retried_as_an_internal_error(world: World) -> None:
+    doc = await world.take_in("bug.png", text_png("bug"))
+    outcome = await world.stages(PageEngine({1: RuntimeError("a bug in an engine")})).run(doc.id)
+    assert outcome.state == "queued"
+    row = world.journal.get(doc.id)
+    assert row.state == "queued" and row.attempts == 1
+    assert row.error is not None and row.error["stage"] == "internal" and row.error["kind"] == "transient"
+    assert "RuntimeError: a bug in an engine" in row.error["reason"]
+    assert world.work(doc.id).claimed.is_file(), "the original stays claimed for the retry"
+
+
+async def test_a_full_disk_while_working_makes_the_document_wait_without_using_an_attempt(world: World) -> None:
+    doc = await world.take_in("full.png", text_png("full"))
+    full = OSError(errno.ENOSPC, "No space left on device", "/outbox/.chandrad/staging/x")
+    outcome = await world.stages(PageEngine({1: full})).run(doc.id)
+    assert outcome.state == "queued"
+    row = world.journal.get(doc.id)
+    assert row.attempts == 0 and row.history == []
+    assert row.error is not None and row.error["kind"] == "disk-full"
+
+
+@pytest.mark.parametrize(("on_success", "original_at"), [("delete", None), ("keep", "inbox/kept.png")])
+async def test_after_publishing_the_original_is_deleted_or_put_back_as_on_success_says(
+    tmp_path: Path, on_success: str, original_at: str | None
+) -> None:
+    world = make_world(tmp_path, {"on_success": on_success})
+    try:
+        data = text_png(on_success)
+        doc = await world.take_in("kept.png", data)
+        assert (await world.stages(PageEngine()).run(doc.id)).state == "published"
+        assert not (tmp_path / "archive").exists() or not any((tmp_path / "archive").iterdir())
+        if original_at is None:
+            assert not (tmp_path / "inbox" / "kept.png").exists()
+        else:
+            assert (tmp_path / original_at).read_bytes() == data
+        assert not world.work(doc.id).claimed.exists()
+    finally:
+        world.journal.close()
+
+
+async def test_an_image_is_published_with_the_text_tesseract_read_from_it(world: World) -> None:
+    image = Image.new("L", (900, 160), 255)
+    ImageDraw.Draw(image).text((20, 40), "Invoice 4711 paid", fill=0, font=ImageFont.load_default(size=48))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    doc = await world.take_in("invoice.png", buffer.getvalue())
+    engine = TesseractEngine()
+    await engine.start()
+    try:
+        outcome = await world.stages(engine).run(doc.id)
+    finally:
+        await engine.aclose()
+    assert outcome.state == "published" and outcome.output_dir is not None
+    assert "Invoice 4711 paid" in (outcome.output_dir / "invoice.md").read_text(encoding="utf-8")
+    assert document_json(outcome.output_dir)["engine"] == "tesseract"
