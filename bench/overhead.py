@@ -340,13 +340,16 @@ def proc_cpu(pid: int) -> dict[str, float]:
 
 
 def descendants(pid: int) -> list[int]:
-    from chandrad.engine.vllm import descendant_pids  # imported late: --src picks which chandrad
+    from chandrad.engine.processes import descendant_pids  # imported late: --src picks which chandrad
 
     return descendant_pids(pid)
 
 
 def cmdline(pid: int) -> str:
-    from chandrad.engine.vllm import process_cmdline
+    try:
+        from chandrad.testing import process_cmdline
+    except ImportError:  # a --src tree from before chandrad.testing (2026-12)
+        from chandrad.engine.vllm import process_cmdline
 
     return process_cmdline(pid)
 
@@ -680,7 +683,10 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
            **compile_cache_env(a.daemon_cache or str(root / "vllm-cache"))}
     env.pop("CUDA_VISIBLE_DEVICES", None)  # chandrad sets it per engine from engine.gpus
     if a.layout == "encoder-split":
-        from chandrad.engine.layout import ec_loads_logging_config
+        try:
+            from chandrad.testing import ec_loads_logging_config
+        except ImportError:  # a --src tree from before chandrad.testing (2026-12)
+            from chandrad.engine.layout import ec_loads_logging_config
 
         logging_config = root / "vllm-logging.json"  # the result counts the hand-offs (ec_loads_in_window)
         logging_config.write_text(json.dumps(ec_loads_logging_config()))
@@ -816,7 +822,10 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
             result["engine_peak_running"] = max(peaks)
         result["log_warnings"] = [e.get("event") for e in events if e.get("level") in ("warning", "error")][:20]
         if a.layout == "encoder-split":
-            from chandrad.engine.layout import EC_LOADED_LINE
+            try:
+                from chandrad.testing import EC_LOADED_LINE
+            except ImportError:  # a --src tree from before chandrad.testing (2026-12)
+                from chandrad.engine.layout import EC_LOADED_LINE
 
             # From the timed drop to the end of the window: pages still at the engine then count too.
             with open(log_path, "rb") as log_file:

@@ -40,12 +40,13 @@ def make_pdf(target: Path, pages: int) -> Path:
 def prepare_all(pdf: Path, work: Path) -> dict:
     from chandrad.config import PrepareSettings
     from chandrad.prepare import prepare_document
+    from chandrad.testing import render_pages
 
     settings = PrepareSettings()
     started = time.perf_counter()
     doc = prepare_document(pdf, work, "lossless", settings)
     pixels = 0
-    for page in doc.pages(settings):
+    for page in render_pages(doc, settings):
         pixels += page.image.width * page.image.height
     seconds = time.perf_counter() - started
     return {

@@ -25,7 +25,6 @@ import shutil
 import signal
 import stat
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -554,11 +553,6 @@ class PreparedDocument:
                 raise
             self.source, self.page_sizes, self.password = target, info.page_sizes, None
             return render_pdf_page(self.source, page_no, self.page_sizes[page_no - 1], settings)
-
-    def pages(self, settings: PrepareSettings, skip: set[int] | frozenset[int] = frozenset()) -> Iterator[PageImage]:
-        for page_no in range(1, self.page_count + 1):
-            if page_no not in skip:
-                yield self.render(page_no, settings)
 
 
 def prepare_document(

@@ -1,10 +1,10 @@
 """Page results → one document directory in the outbox, all or nothing; then the original's last move.
 
 Rendering is pure (``render_document``) and uses ``chandra.output``, the model's own parser, so
-our Markdown/HTML/JSON are what the ``chandra`` CLI would write. Writing is one function
-(``publish_directory``): everything goes into a staging directory on the outbox's filesystem,
-each file and the directory are fsynced, the directory is renamed into place and the parent
-fsynced. A reader of the outbox sees a whole document or none of it.
+our Markdown/HTML/JSON are what the ``chandra`` CLI would write. Writing is two steps: everything
+goes into a staging directory on the outbox's filesystem and is fsynced (``stage_files``), then
+the directory is renamed into place and the parent fsynced (``durable.rename_dir_durably``). A
+reader of the outbox sees a whole document or none of it.
 
 Nothing here writes outside the outbox, archive or failed folders: every name coming from an
 inbox passes through ``safe_component``.
@@ -28,7 +28,7 @@ from chandra.output import extract_images, parse_chunks, parse_html, parse_markd
 from PIL import Image
 
 from chandrad import __version__
-from chandrad.durable import fsync_dir, rename_dir_durably, write_synced
+from chandrad.durable import fsync_dir, write_synced
 
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f/\\:*?\"<>|]+")
 _MAX_NAME_BYTES = 180
@@ -228,9 +228,3 @@ def stage_document(
 ) -> None:
     """Render a document's outputs and write them into its staging folder (one thread hop: both block)."""
     stage_files(staging_dir, render_document(stem, pages, formats, metadata))
-
-
-def publish_directory(staging_dir: Path, files: dict[str, bytes], target: Path) -> None:
-    """Write ``files`` into ``staging_dir`` and rename it to ``target`` (which must not exist)."""
-    stage_files(staging_dir, files)
-    rename_dir_durably(staging_dir, target)

@@ -28,11 +28,9 @@ from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
 from chandrad.config import InboxSettings
+from chandrad.folders import DAEMON_DIR
 
 log = structlog.get_logger("chandrad.watch")
-
-# The daemon's own bookkeeping inside an inbox (claimed files live here while they are processed).
-DAEMON_DIR = ".chandrad"
 
 # Junk that operating systems, office suites, sync tools and browsers leave in shared folders,
 # and names that mean "still being written".

@@ -35,11 +35,6 @@ class WorkQueue:
     def done(self, doc_id: str) -> None:
         self._active.discard(doc_id)
 
-    def forget_waiting(self, doc_id: str) -> None:
-        """Let ``doc_id`` be queued again while an earlier entry for it is still in the queue
-        (the entry is then handed out twice, one after the other, never at once)."""
-        self._waiting.discard(doc_id)
-
     def stop_workers(self, count: int) -> None:
         for _ in range(count):
             self._queue.put_nowait(None)

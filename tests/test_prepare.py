@@ -11,6 +11,7 @@ from PIL import Image
 from chandrad.config import PrepareSettings
 from chandrad.errors import PermanentError, TransientError
 from chandrad.prepare import is_blank, open_regular, page_dpi, prepare_document, sniff
+from chandrad.testing import render_pages
 from tests.conftest import corpus_file
 
 SETTINGS = PrepareSettings()
@@ -127,7 +128,7 @@ def test_rotate_is_honoured(tmp_path):
 def test_multi_frame_tiff_gives_one_page_per_frame_and_exif_rotation_applies(tmp_path):
     doc = prepare_document(corpus_file("multi-page-images.tiff"), tmp_path, "lossless", SETTINGS)
     assert doc.page_count == 3
-    assert [page.page_no for page in doc.pages(SETTINGS, skip={2})] == [1, 3]
+    assert [page.page_no for page in render_pages(doc, SETTINGS, skip={2})] == [1, 3]
 
     rotated = tmp_path / "phone.jpg"
     exif = Image.Exif()

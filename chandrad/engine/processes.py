@@ -201,10 +201,6 @@ def descendant_pids(pid: int, depth: int | None = None) -> list[int]:
     return found
 
 
-def process_cmdline(pid: int) -> str:
-    return " ".join(process_argv(pid))
-
-
 def rss_bytes(pids: list[int]) -> int:
     total = 0
     for pid in pids:
