@@ -46,6 +46,47 @@ EXTEND_START_SECONDS = 90.0
 MEMORY_SAMPLE_SECONDS = 10.0  # NVML takes a few ms: not every tick
 
 
+async def run_unless_stopped(work: Coroutine[Any, Any, None], should_exit: asyncio.Event) -> bool:
+    """Run ``work`` unless a stop signal comes first, which cancels it: whether it ran to the end."""
+    task = asyncio.create_task(work)
+    stop_asked = asyncio.create_task(should_exit.wait())
+    try:
+        await asyncio.wait({task, stop_asked}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop_asked.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    if not task.cancelled() and task.exception() is None:
+        return True
+    if not should_exit.is_set():
+        task.result()  # its error: it failed on its own
+    if not task.cancelled():
+        # The error of a start ended by the stop (or failing as the stop came) is no start-up failure.
+        log.info("the engine start ended with an error after the stop", error=str(task.exception()))
+    return False
+
+
+async def supervised(name: str, loop_fn: Callable[[], Awaitable[None]]) -> None:
+    """Keep a long-running loop alive: a bug in one must not stop the daemon."""
+    while True:
+        try:
+            await loop_fn()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("loop crashed; restarting it in 5 s", loop=name)
+            await asyncio.sleep(5)
+
+
+async def extend_start_timeout(notifier: Notifier) -> None:
+    """Loading a large model can outlast TimeoutStartSec: keep telling systemd we are working."""
+    while True:
+        notifier.extend_timeout(EXTEND_START_SECONDS)
+        await asyncio.sleep(EXTEND_START_SECONDS / 3)
+
+
 class Daemon:
     def __init__(
         self,
@@ -114,11 +155,11 @@ class Daemon:
             self.engine = create_engine(self.settings.engine, self.settings.state_dir)
         started = time.monotonic()
         self.notifier.status(f"loading the {self.engine.name} engine ({self.engine.model})")
-        keep_systemd_waiting = asyncio.create_task(self._extend_start_timeout())
+        keep_systemd_waiting = asyncio.create_task(extend_start_timeout(self.notifier))
         try:
             # A stop while the engine loads ends the load: it may have minutes to go (a cold start on
             # a GPU), more than systemd's TimeoutStopSec.
-            if not await self._unless_stopped(self.engine.start()):
+            if not await run_unless_stopped(self.engine.start(), self.should_exit):
                 self.notifier.stopping()
                 log.info("stopped while the engine was loading", seconds=round(time.monotonic() - started, 1))
                 return
@@ -136,26 +177,6 @@ class Daemon:
             self.work.put(doc_id)
         self.started = True
 
-    async def _unless_stopped(self, work: Coroutine[Any, Any, None]) -> bool:
-        """Run ``work`` unless a stop signal comes first, which cancels it: whether it ran to the end."""
-        task = asyncio.create_task(work)
-        stop_asked = asyncio.create_task(self.should_exit.wait())
-        try:
-            await asyncio.wait({task, stop_asked}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop_asked.cancel()
-            if not task.done():
-                task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        if not task.cancelled() and task.exception() is None:
-            return True
-        if not self.should_exit.is_set():
-            task.result()  # its error: it failed on its own
-        if not task.cancelled():
-            # The error of a start ended by the stop (or failing as the stop came) is no start-up failure.
-            log.info("the engine start ended with an error after the stop", error=str(task.exception()))
-        return False
-
     async def main_loop(self) -> None:
         async with asyncio.TaskGroup() as group:
             self._group = group
@@ -163,11 +184,11 @@ class Daemon:
             loops = [
                 # Several intakes at once: hashing and claiming one file at a time admitted only ~3
                 # files/s on a busy loop and starved a GPU at the start of a burst (bench/NOTES-overhead.md).
-                *(group.create_task(self._supervised(f"intake-{n}", self._intake_loop)) for n in range(INTAKE_WORKERS)),
-                group.create_task(self._supervised("retry", self._retry_loop)),
+                *(group.create_task(supervised(f"intake-{n}", self._intake_loop)) for n in range(INTAKE_WORKERS)),
+                group.create_task(supervised("retry", self._retry_loop)),
             ]
             workers = [group.create_task(self._worker()) for _ in range(self.documents_in_flight)]
-            loops.append(group.create_task(self._supervised("tick", self._tick_loop)))
+            loops.append(group.create_task(supervised("tick", self._tick_loop)))
             while not self.should_exit.is_set():
                 reload_wait = asyncio.ensure_future(self.reload_requested.wait())
                 exit_wait = asyncio.ensure_future(self.should_exit.wait())
@@ -245,21 +266,9 @@ class Daemon:
     def _start_watchers(self) -> None:
         self.watchers = {inbox.name: InboxWatcher(inbox, self.intake_queue.put) for inbox in self.settings.inbox}
         self._watch_tasks = {
-            name: self._group.create_task(self._supervised(f"watch:{name}", watcher.run))
+            name: self._group.create_task(supervised(f"watch:{name}", watcher.run))
             for name, watcher in self.watchers.items()
         }
-
-    async def _supervised(self, name: str, loop_fn: Callable[[], Awaitable[None]]) -> None:
-        """Keep a long-running loop alive: a bug in one must not stop the daemon."""
-        while True:
-            try:
-                await loop_fn()
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("loop crashed; restarting it in 5 s", loop=name)
-                await asyncio.sleep(5)
 
     async def _intake_loop(self) -> None:
         assert self.pipeline is not None
@@ -313,12 +322,6 @@ class Daemon:
             self.metrics.stage_seconds.labels("document").observe(time.monotonic() - started)
 
     # -- systemd and metrics --------------------------------------------------------------------
-
-    async def _extend_start_timeout(self) -> None:
-        """Loading a large model can outlast TimeoutStartSec: keep telling systemd we are working."""
-        while True:
-            self.notifier.extend_timeout(EXTEND_START_SECONDS)
-            await asyncio.sleep(EXTEND_START_SECONDS / 3)
 
     @property
     def documents_in_flight(self) -> int:
