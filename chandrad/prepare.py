@@ -585,7 +585,7 @@ def prepare_document(
         if original_info
         else None
     )
-    if as_is is not None and not original_info.has_form and compress == "lossless":  # type: ignore[union-attr]
+    if as_is is not None and original_info is not None and not original_info.has_form and compress == "lossless":
         return as_is
     # An OSError (ENOSPC on the state directory's disk included) propagates: the pipeline makes
     # a full disk wait instead of failing the document.
@@ -603,7 +603,12 @@ def prepare_document(
         return as_is
     # A rewrite can grow a file (+34% on skew.pdf with /default): keep the smaller one unless forms
     # had to be flattened.
-    if as_is is not None and not original_info.has_form and normalised.stat().st_size > size:  # type: ignore[union-attr]
+    if (
+        as_is is not None
+        and original_info is not None
+        and not original_info.has_form
+        and normalised.stat().st_size > size
+    ):
         normalised.unlink()
         return as_is
     return PreparedDocument(
