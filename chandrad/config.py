@@ -24,7 +24,7 @@ from chandrad.errors import ConfigError
 DEFAULT_CONFIG_PATHS = (Path("/etc/chandrad/config.toml"),)
 DEFAULT_ROOT = Path("/srv/chandrad")
 
-OutputFormat = Literal["md", "html", "json"]
+OutputFormat = Literal["md", "html", "json", "pdf"]
 
 
 class _Strict(BaseModel):
@@ -56,6 +56,13 @@ class InboxSettings(_Strict):
     duplicates: Literal["skip", "reprocess"] = "skip"
     compress: Literal["lossless", "ebook", "printer"] = "lossless"
     pdf_password: str | None = None
+    # The searchable PDF ("pdf" in formats): PDF/A-2b unless false; a text layer already in the PDF is
+    # kept (no doubled text) unless pdf_replace_text; pdf_word_boxes places each word on its own box;
+    # pdf_to also drops the PDF into another folder (e.g. a document system's consume folder).
+    pdfa: bool = True
+    pdf_replace_text: bool = False
+    pdf_word_boxes: bool = True
+    pdf_to: Path | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -75,7 +82,7 @@ class InboxSettings(_Strict):
     @classmethod
     def _formats_not_empty(cls, formats: tuple[str, ...]) -> tuple[str, ...]:
         if not formats:
-            raise ValueError("list at least one of md, html, json")
+            raise ValueError("list at least one of md, html, json, pdf")
         return formats
 
     @model_validator(mode="after")
