@@ -247,3 +247,42 @@ async def test_a_name_that_became_a_link_after_it_settled_is_refused_without_bei
     assert doc.error is not None and "symbolic link" in doc.error["reason"]
     assert (world.inbox.failed / "swapped.png").is_symlink()
     assert target.read_bytes() == text_png("private")
+
+
+def block_claims(inbox: InboxSettings) -> None:
+    """Make the claim folder impossible to create (a file where ``.chandrad`` should be): as a
+    read-only inbox does for a daemon not running as root, the move out of the inbox fails."""
+    (inbox.path / folders.DAEMON_DIR).write_text("in the way")
+
+
+async def test_a_file_that_cannot_be_moved_out_of_the_inbox_is_failed_with_a_report_and_left_where_it_is(
+    world: World,
+) -> None:
+    data = text_png("stuck in the inbox")
+    source = world.drop("stuck.png", data)
+    block_claims(world.inbox)
+    settled = world.settled(source)
+    assert await world.intake.take_in(settled) is None
+    assert source.read_bytes() == data, "the original is left where it is"
+    doc = world.journal.recent(1)[0]
+    assert doc.state == "failed" and doc.claimed_path is None
+    assert doc.error is not None and "cannot move the file out of the inbox" in doc.error["reason"]
+    report = json.loads((world.inbox.failed / "stuck.png.error.json").read_text(encoding="utf-8"))
+    assert report["original_left_in_inbox"] is True and report["reason"] == doc.error["reason"]
+    assert not (world.inbox.failed / "stuck.png").exists()
+    assert await world.intake.take_in(settled) is None, "seen settling again, it is not taken in twice"
+    assert len(world.rows()) == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason='intake._claim builds its reason from two f-strings that both carry the space ("give its user " + '
+    '" write access"): the message a person reads in the report says "give its user  write access"',
+)
+async def test_the_reason_for_a_file_that_cannot_be_moved_has_no_doubled_space(world: World) -> None:
+    source = world.drop("stuck.png", text_png("stuck"))
+    block_claims(world.inbox)
+    await world.intake.take_in(world.settled(source))
+    doc = world.journal.recent(1)[0]
+    assert doc.error is not None
+    assert "  " not in doc.error["reason"]
