@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image, ImageDraw, ImageFont
@@ -82,6 +83,11 @@ class World:
         assert doc.claimed_path is not None
         return Work(doc, self.inbox, Path(doc.claimed_path), folders.staging_dir(self.inbox.outbox, doc.id))
 
+    @property
+    def archive(self) -> Path:
+        assert self.inbox.archive is not None
+        return self.inbox.archive
+
     def outbox_documents(self) -> list[str]:
         return sorted(p.name for p in self.inbox.outbox.iterdir() if p.name != folders.DAEMON_DIR)
 
@@ -112,7 +118,7 @@ def world(tmp_path: Path) -> Iterator[World]:
     made.journal.close()
 
 
-def document_json(output_dir: Path) -> dict[str, object]:
+def document_json(output_dir: Path) -> dict[str, Any]:
     (path,) = output_dir.glob("*.json")
     return dict(json.loads(path.read_text(encoding="utf-8")))
 
@@ -130,12 +136,12 @@ async def test_a_queued_document_is_published_with_its_outputs_in_the_outbox_and
     files = {p.name for p in outcome.output_dir.iterdir()}
     assert {"report.md", "report.html", "report.json", "images"} <= files
     published = document_json(outcome.output_dir)
-    assert published["doc_id"] == doc.id and len(published["pages"]) == 2  # type: ignore[arg-type]
+    assert published["doc_id"] == doc.id and len(published["pages"]) == 2
     assert "Quarterly figures" in (outcome.output_dir / "report.md").read_text(encoding="utf-8")
     assert len(list((outcome.output_dir / "images").iterdir())) == 2, "each page's figure was cropped"
-    assert (world.inbox.archive / "report.pdf").read_bytes() == data
+    assert (world.archive / "report.pdf").read_bytes() == data
     final = world.journal.get(doc.id)
-    assert final.state == "published" and final.final_path == str(world.inbox.archive / "report.pdf")
+    assert final.state == "published" and final.final_path == str(world.archive / "report.pdf")
     assert world.journal.pages(doc.id) == [], "page rows are dropped once the document is final"
     assert not folders.staging_dir(world.inbox.outbox, doc.id).parent.exists()
     assert not folders.work_dir(world.settings.state_dir, doc.id).exists()
@@ -167,7 +173,7 @@ async def test_each_step_commits_its_state_and_leaves_the_files_where_the_next_s
     outcome = await stages.finish(work)
     assert outcome.state == "published"
     assert world.journal.get(doc.id).state == "published"
-    assert (world.inbox.archive / "steps.pdf").is_file() and not work.claimed.exists()
+    assert (world.archive / "steps.pdf").is_file() and not work.claimed.exists()
 
 
 async def test_a_document_interrupted_after_its_outputs_were_renamed_resumes_by_only_finishing(
@@ -190,7 +196,7 @@ async def test_a_document_interrupted_after_its_outputs_were_renamed_resumes_by_
     assert engine.pages_read == [], "no page was read again"
     assert world.outbox_documents() == ["interrupted"]
     assert (output_dir / "interrupted.md").read_bytes() == markdown
-    assert (world.inbox.archive / "interrupted.pdf").is_file()
+    assert (world.archive / "interrupted.pdf").is_file()
     assert world.journal.get(doc.id).state == "published"
 
 
@@ -225,7 +231,7 @@ async def test_a_document_interrupted_mid_inference_reads_only_the_pages_it_had_
     outcome = await world.stages(engine).run(doc.id)
     assert outcome.state == "published"
     assert engine.pages_read == [3]
-    assert len(document_json(world.inbox.outbox / "long")["pages"]) == 3  # type: ignore[arg-type]
+    assert len(document_json(world.inbox.outbox / "long")["pages"]) == 3
 
 
 async def test_a_claimed_original_gone_from_a_reachable_inbox_fails_the_document(world: World) -> None:
@@ -364,3 +370,47 @@ async def test_an_image_is_published_with_the_text_tesseract_read_from_it(world:
     assert outcome.state == "published" and outcome.output_dir is not None
     assert "Invoice 4711 paid" in (outcome.output_dir / "invoice.md").read_text(encoding="utf-8")
     assert document_json(outcome.output_dir)["engine"] == "tesseract"
+
+
+async def test_a_document_interrupted_after_its_original_was_archived_resumes_by_only_marking_it_published(
+    world: World,
+) -> None:
+    """``finish`` names the archive target, moves the original, then commits ``published``; a
+    crash before the commit finds the original already archived and completes without a move."""
+    data = simple_pdf(1, label="archived")
+    doc = await world.take_in("archived.pdf", data)
+    before_crash, work = world.stages(PageEngine()), world.work(doc.id)
+    await before_crash.prepare(work)
+    await before_crash.infer(work)
+    await before_crash.publish(work)
+    target = world.archive / "archived.pdf"
+    world.journal.set_state(doc.id, "publishing", final_path=str(target))
+    work.claimed.rename(target)  # ... and the crash
+
+    engine = PageEngine()
+    outcome = await world.stages(engine).run(doc.id)
+    assert outcome.state == "published" and engine.pages_read == []
+    assert target.read_bytes() == data
+    assert sorted(p.name for p in world.archive.iterdir()) == ["archived.pdf"]
+    assert not world.inbox.failed.exists() or not any(world.inbox.failed.iterdir())
+
+
+async def test_figures_lost_from_staging_make_the_publish_step_redo_those_pages(world: World) -> None:
+    """The outbox (staging with it) was wiped after page 2's figure was saved: publishing would
+    point at a figure that is not there. Page 2 is dropped and the document retried; the retry
+    reads page 2 only and publishes every figure."""
+    doc = await world.take_in("figures.pdf", simple_pdf(2, label="figures"))
+    stages, work = world.stages(PageEngine()), world.work(doc.id)
+    await stages.prepare(work)
+    await stages.infer(work)
+    page_two = world.journal.pages(doc.id)[1]
+    (work.staging / "images" / page_two.image_names[0]).unlink()
+    retry = await world.stages(PageEngine()).run(doc.id)
+    assert retry.state == "queued" and "vanished" in retry.reason
+    assert world.journal.done_page_numbers(doc.id) == {1}
+    engine = PageEngine()
+    outcome = await world.stages(engine).run(doc.id)
+    assert outcome.state == "published" and outcome.output_dir is not None
+    assert engine.pages_read == [2]
+    images = [name for page in document_json(outcome.output_dir)["pages"] for name in page["images"]]
+    assert len(images) == 2 and all((outcome.output_dir / name).is_file() for name in images)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from chandrad.workqueue import WorkQueue
 
 
@@ -83,19 +81,3 @@ async def test_no_id_is_in_two_workers_hands_at_once_however_often_it_is_announc
     assert overlaps == []
     assert set(handled) == {"a", "b", "c"}
     assert len(handled) > 3, "the ids were announced again after they were done, and handled again"
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="forget_waiting's docstring says the re-queued id is handed out 'one after the other, never at once', "
-    "but take() does not check which ids are in hand: the second entry goes to a second worker while the first "
-    "still holds the id (forget_waiting has no caller in chandrad)",
-)
-async def test_an_id_queued_again_after_forget_waiting_is_not_handed_to_a_second_worker_while_in_hand() -> None:
-    queue = WorkQueue()
-    queue.put("a")
-    queue.forget_waiting("a")
-    assert queue.put("a") is True
-    queue.put("b")
-    assert await queue.take() == "a"  # worker 1 holds "a"
-    assert await queue.take() == "b", "worker 2 must not be handed 'a' as well"
