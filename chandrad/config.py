@@ -7,10 +7,13 @@ names the key and says what to do, never on the first document.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -25,10 +28,96 @@ DEFAULT_CONFIG_PATHS = (Path("/etc/chandrad/config.toml"),)
 DEFAULT_ROOT = Path("/srv/chandrad")
 
 OutputFormat = Literal["md", "html", "json", "pdf"]
+Event = Literal["published", "failed"]
+EVENTS: tuple[Event, ...] = ("published", "failed")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@functools.lru_cache(maxsize=256)
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """A rule's glob as a regex on the path relative to the inbox ("/"-separated), case-insensitive
+    like the inbox's include/ignore patterns: ``*`` and ``?`` stay within one folder level, ``[...]``
+    is a character class (``[!...]`` negated), and ``**`` as a whole level matches any number of
+    levels (``invoices/**``: everything under invoices/; ``**/*.tif``: a .tif at any depth, the
+    inbox's top level included). A pattern without "/" matches files at the top level only."""
+    parts: list[str] = []
+    segments = pattern.split("/")
+    for index, segment in enumerate(segments):
+        last = index == len(segments) - 1
+        if segment == "**":
+            parts.append(".*" if last else "(?:[^/]*/)*")
+            continue
+        parts.append(_segment_regex(segment) + ("" if last else "/"))
+    return re.compile("".join(parts), re.IGNORECASE)
+
+
+def _segment_regex(segment: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(segment):
+        char = segment[i]
+        if char == "*":
+            out.append("[^/]*")
+        elif char == "?":
+            out.append("[^/]")
+        elif char == "[":
+            end = segment.find("]", i + 2 if segment[i + 1 : i + 2] in ("!", "^") else i + 1)
+            if end == -1:
+                raise ValueError(f"unclosed [ in the pattern segment {segment!r}")
+            body = segment[i + 1 : end]
+            if body[:1] in ("!", "^"):
+                body = "^" + body[1:]
+            out.append("[" + body.replace("\\", "\\\\") + "]")
+            i = end
+        else:
+            out.append(re.escape(char))
+        i += 1
+    return "".join(out)
+
+
+def glob_matches(pattern: str, rel_path: str) -> bool:
+    return glob_regex(pattern).fullmatch(rel_path.replace(os.sep, "/")) is not None
+
+
+class InboxRule(_Strict):
+    """``[[inbox.rule]]``: settings for the files of an inbox whose relative path matches ``match``.
+    Keys left out keep the inbox's own value; the first rule that matches wins."""
+
+    match: str
+    prompt_type: Literal["ocr_layout", "ocr"] | None = None
+    formats: tuple[OutputFormat, ...] | None = None
+    on_success: Literal["archive", "delete", "keep"] | None = None
+    date_prefix: bool | None = None
+    duplicates: Literal["skip", "reprocess"] | None = None
+    # Which [[webhook]] / [[hook]] names apply to these files (instead of those the inbox gets); [] = none.
+    webhooks: tuple[str, ...] | None = None
+    hooks: tuple[str, ...] | None = None
+
+    @field_validator("match")
+    @classmethod
+    def _valid_glob(cls, match: str) -> str:
+        if not match or match.startswith("/") or ".." in match.split("/"):
+            raise ValueError(f'match {match!r} must be a glob relative to the inbox, such as "invoices/**"')
+        try:
+            glob_regex(match)
+        except (ValueError, re.error) as error:
+            raise ValueError(f"match {match!r} is not a valid glob: {error}") from None
+        return match
+
+    @field_validator("formats")
+    @classmethod
+    def _formats_not_empty(cls, formats: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if formats is not None and not formats:
+            raise ValueError("list at least one of md, html, json, pdf")
+        return formats
+
+    def overrides(self) -> dict[str, Any]:
+        """The inbox keys this rule sets."""
+        keys = ("prompt_type", "formats", "on_success", "date_prefix", "duplicates", "webhooks", "hooks")
+        return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
 
 
 class InboxSettings(_Strict):
@@ -63,6 +152,12 @@ class InboxSettings(_Strict):
     pdf_replace_text: bool = False
     pdf_word_boxes: bool = True
     pdf_to: Path | None = None
+    # Which [[webhook]] / [[hook]] names apply to this inbox's documents. Default (unset): every one
+    # whose own `inboxes` list names this inbox or is unset.
+    webhooks: tuple[str, ...] | None = None
+    hooks: tuple[str, ...] | None = None
+    # [[inbox.rule]] tables: settings per sub-folder or kind of file, the first match wins.
+    rule: tuple[InboxRule, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -73,7 +168,12 @@ class InboxSettings(_Strict):
             data = dict(data)
             data.setdefault("outbox", base / "outbox")
             data.setdefault("failed", base / "failed")
-            if data.get("on_success", "archive") == "archive":
+            rules = data.get("rule") or ()
+            wants_archive = [data.get("on_success", "archive")] + [
+                rule.get("on_success") if isinstance(rule, dict) else getattr(rule, "on_success", None)
+                for rule in rules
+            ]
+            if "archive" in wants_archive:
                 data.setdefault("archive", base / "archive")
             data.setdefault("name", Path(data["path"]).name)
         return data
@@ -89,7 +189,26 @@ class InboxSettings(_Strict):
     def _archive_needed(self) -> InboxSettings:
         if self.on_success == "archive" and self.archive is None:
             raise ValueError('on_success = "archive" needs an archive folder')
+        for rule in self.rule:
+            if rule.on_success == "archive" and self.archive is None:
+                raise ValueError(f'the rule for {rule.match!r} sets on_success = "archive": give the inbox an archive')
         return self
+
+    def rule_for(self, rel_path: str) -> tuple[int, InboxRule] | None:
+        """The first rule matching ``rel_path`` (relative to the inbox) and its number (1, 2, ...)."""
+        for number, rule in enumerate(self.rule, start=1):
+            if glob_matches(rule.match, rel_path):
+                return number, rule
+        return None
+
+    def effective(self, rel_path: str) -> InboxSettings:
+        """This inbox's settings as they apply to the file at ``rel_path``: the first matching
+        rule's keys over the inbox's own. The one place rules are resolved; applying it twice
+        gives the same settings (the rules are kept)."""
+        found = self.rule_for(rel_path)
+        if found is None:
+            return self
+        return self.model_copy(update=found[1].overrides())
 
     @property
     def destinations(self) -> dict[str, Path]:
@@ -218,6 +337,100 @@ class PrepareSettings(_Strict):
     workers: int = Field(default=2, ge=1)
 
 
+def _check_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"url {url!r} must be an http:// or https:// address with a host")
+    return url
+
+
+class WebhookSettings(_Strict):
+    """``[[webhook]]``: a JSON POST to ``url`` after a document is published or failed."""
+
+    url: str
+    # How rules and logs name it; default: the url.
+    name: str = ""
+    events: tuple[Event, ...] = EVENTS
+    # Inbox names whose documents it gets; default: all.
+    inboxes: tuple[str, ...] | None = None
+    # Then every request carries X-Chandrad-Signature: sha256=<hex HMAC-SHA256 of the body>.
+    secret: str | None = Field(default=None, min_length=1, repr=False)
+    timeout_seconds: float = Field(default=10.0, gt=0)
+    # Retried with backoff until it succeeds or this long after the document's final state.
+    max_age_hours: float = Field(default=24.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "url" in data and not data.get("name"):
+            data = {**data, "name": str(data["url"])}
+        return data
+
+    @field_validator("url")
+    @classmethod
+    def _http_only(cls, url: str) -> str:
+        return _check_url(url)
+
+    @field_validator("events")
+    @classmethod
+    def _events_not_empty(cls, events: tuple[Event, ...]) -> tuple[Event, ...]:
+        if not events:
+            raise ValueError('list at least one of "published", "failed"')
+        return events
+
+
+class HookSettings(_Strict):
+    """``[[hook]]``: a command run after a document is published or failed, with CHANDRAD_* variables."""
+
+    # An argument list, never a shell string: ["/usr/local/bin/to-dms", "--tag", "scan"].
+    command: tuple[str, ...] = Field(min_length=1)
+    # How rules and logs name it; default: the command's first argument.
+    name: str = ""
+    events: tuple[Event, ...] = EVENTS
+    inboxes: tuple[str, ...] | None = None
+    # Its process group is killed after this long (the run counts as failed).
+    timeout_seconds: float = Field(default=60.0, gt=0)
+    # Runs (with backoff) before a failing hook is given up; 1: never run again.
+    max_attempts: int = Field(default=1, ge=1)
+    max_age_hours: float = Field(default=24.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _argument_list(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("command"), str):
+            raise ValueError(
+                f"hook command {data['command']!r} must be an argument list, e.g. "
+                f'command = ["/usr/local/bin/to-dms", "--tag", "scan"] (no shell runs it)'
+            )
+        if isinstance(data, dict) and data.get("command") and not data.get("name"):
+            data = {**data, "name": str(data["command"][0])}
+        return data
+
+    @field_validator("command")
+    @classmethod
+    def _program_named(cls, command: tuple[str, ...]) -> tuple[str, ...]:
+        if not command[0]:
+            raise ValueError("the command's first argument (the program) is empty")
+        return command
+
+    @field_validator("events")
+    @classmethod
+    def _events_not_empty(cls, events: tuple[Event, ...]) -> tuple[Event, ...]:
+        if not events:
+            raise ValueError('list at least one of "published", "failed"')
+        return events
+
+
+class DeliverySettings(_Strict):
+    """How webhooks and hooks are sent: how many at once, and the backoff between attempts."""
+
+    # Deliveries (HTTP requests and hook runs) at once; also the most HTTP connections kept open.
+    concurrency: int = Field(default=8, ge=1, le=256)
+    # A failed attempt is retried after backoff_seconds, then twice that, ... at most backoff_max_seconds.
+    backoff_seconds: float = Field(default=10.0, gt=0)
+    backoff_max_seconds: float = Field(default=900.0, gt=0)
+
+
 class Settings(BaseSettings):
     """Everything chandrad can be told. ``config.example.toml`` documents each key."""
 
@@ -253,6 +466,9 @@ class Settings(BaseSettings):
     engine: EngineSettings = EngineSettings()
     prepare: PrepareSettings = PrepareSettings()
     inbox: tuple[InboxSettings, ...] = ()
+    webhook: tuple[WebhookSettings, ...] = ()
+    hook: tuple[HookSettings, ...] = ()
+    delivery: DeliverySettings = DeliverySettings()
 
     @classmethod
     def settings_customise_sources(
@@ -269,6 +485,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_inboxes(self) -> Settings:
         _check_folder_layout(self.inbox)
+        _check_targets(self)
         return self
 
     def documents_in_flight(self, engine_name: str) -> int:
@@ -306,6 +523,29 @@ def _check_folder_layout(inboxes: tuple[InboxSettings, ...]) -> None:
                     )
                 if _is_within(inbox_path, resolved):
                     raise ValueError(f"inbox {inbox_path} is inside {role} {folder} of inbox {inbox.name!r}")
+
+
+def _check_targets(settings: Settings) -> None:
+    """Webhook and hook names are unique, and every name an inbox or rule lists exists."""
+    inbox_names = {inbox.name for inbox in settings.inbox}
+    for table, targets in (("webhook", settings.webhook), ("hook", settings.hook)):
+        names = [target.name for target in targets]
+        if len(set(names)) != len(names):
+            raise ValueError(f'[[{table}]] names must be unique, got {names}; set name = "..." on each')
+        for target in targets:
+            unknown = sorted(set(target.inboxes or ()) - inbox_names) if settings.inbox else []
+            if unknown:
+                raise ValueError(f"[[{table}]] {target.name!r}: inboxes {unknown} are not configured")
+        known = set(names)
+        for inbox in settings.inbox:
+            listings = [(f"inbox {inbox.name!r}", getattr(inbox, f"{table}s"))]
+            listings += [
+                (f"inbox {inbox.name!r}, rule {rule.match!r}", getattr(rule, f"{table}s")) for rule in inbox.rule
+            ]
+            for where, listed in listings:
+                missing = sorted(set(listed or ()) - known)
+                if missing:
+                    raise ValueError(f"{where}: {table}s {missing} name no [[{table}]] (known: {sorted(known)})")
 
 
 def _format_validation_error(error: ValidationError, source: str) -> str:
@@ -372,10 +612,15 @@ def prepare_folders(settings: Settings) -> None:
 
 __all__ = [
     "ConfigError",
+    "DeliverySettings",
     "EngineSettings",
+    "HookSettings",
+    "InboxRule",
     "InboxSettings",
     "PrepareSettings",
     "Settings",
+    "WebhookSettings",
+    "glob_matches",
     "load_settings",
     "prepare_folders",
 ]

@@ -21,6 +21,7 @@ import structlog
 
 from chandrad.backoff import backoff_seconds
 from chandrad.config import Settings, load_settings, prepare_folders
+from chandrad.delivery import Deliverer
 from chandrad.engine import Engine, create_engine
 from chandrad.engine.processes import end_engines_left_behind
 from chandrad.errors import ConfigError
@@ -186,6 +187,8 @@ class Daemon:
                 # files/s on a busy loop and starved a GPU at the start of a burst (bench/NOTES-overhead.md).
                 *(group.create_task(supervised(f"intake-{n}", self._intake_loop)) for n in range(INTAKE_WORKERS)),
                 group.create_task(supervised("retry", self._retry_loop)),
+                # Webhooks and hooks of final documents, from the journal (never in a document's way).
+                group.create_task(supervised("delivery", self._deliverer().run)),
             ]
             workers = [group.create_task(self._worker()) for _ in range(self.documents_in_flight)]
             loops.append(group.create_task(supervised("tick", self._tick_loop)))
@@ -269,6 +272,10 @@ class Daemon:
             name: self._group.create_task(supervised(f"watch:{name}", watcher.run))
             for name, watcher in self.watchers.items()
         }
+
+    def _deliverer(self) -> Deliverer:
+        assert self.journal is not None
+        return Deliverer(lambda: self.settings, self.journal, self.metrics)
 
     async def _intake_loop(self) -> None:
         assert self.pipeline is not None

@@ -166,7 +166,9 @@ class Failures:
                 )
                 await journal.call(journal.set_state, doc.id, "queued", next_attempt_at=runtime.clock() + delay)
                 return Outcome(doc.id, "queued", reason=f"cannot write to failed/: {move_error.strerror}")
-        await journal.call(journal.record_attempt_failure, doc.id, entry, final=True)
+        # The deliveries (webhooks, hooks) are committed with the state, in one transaction.
+        deliveries = await runtime.deliveries(doc, inbox, "failed", entry)
+        await journal.call(journal.fail, doc.id, entry, deliveries)
         await runtime.clear_leftovers(doc, inbox)
         log.warning(
             "document failed",
@@ -206,7 +208,8 @@ class Failures:
         if entry is None:
             return None
         journal = self.runtime.journal
-        await journal.call(journal.record_attempt_failure, doc.id, entry, final=True)
+        deliveries = await self.runtime.deliveries(doc, inbox, "failed", entry)
+        await journal.call(journal.fail, doc.id, entry, deliveries)
         await self.runtime.clear_leftovers(doc, inbox)
         log.warning("document failed (completed after a restart)", reason=entry.get("reason"), moved_to=str(final))
         return Outcome(doc.id, "failed", reason=str(entry.get("reason", "")))

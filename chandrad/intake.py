@@ -28,7 +28,7 @@ log = structlog.get_logger("chandrad.intake")
 
 async def duplicate_of(runtime: Runtime, doc: Document, inbox: InboxSettings) -> DuplicateError | None:
     """Why ``doc`` is a copy of a document taken in before it, or None."""
-    if inbox.duplicates != "skip" or not doc.sha256:
+    if inbox.effective(doc.rel_path).duplicates != "skip" or not doc.sha256:  # a rule may say otherwise
         return None
     journal = runtime.journal
     twin = await journal.call(journal.find_duplicate, doc.sha256, doc.id, True)
@@ -125,7 +125,7 @@ class Intake:
         except OSError as error:
             reason = (
                 f"chandrad cannot move the file out of the inbox: {error.strerror}; give its user "
-                f" write access to the folder and drop the file again (it was left where it is)"
+                f"write access to the folder and drop the file again (it was left where it is)"
             )
             log.error("cannot claim file", inbox=inbox.name, file=str(settled.rel_path), error=str(error))
             entry = {

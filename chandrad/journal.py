@@ -17,7 +17,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +46,8 @@ def _worth_waiting_out(error: sqlite3.Error) -> bool:
 
 STATES = ("settled", "queued", "preparing", "inferring", "publishing", "published", "failed")
 FINAL_STATES = ("published", "failed")
+# A delivery (webhook request or hook run) is pending until it succeeded or was given up.
+DELIVERY_STATES = ("pending", "delivered", "failed")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -91,6 +93,25 @@ CREATE TABLE IF NOT EXISTS pages (
     error TEXT,
     PRIMARY KEY (doc_id, page_no)
 );
+-- The transactional outbox: one row per (document, webhook or hook) for each final state, inserted
+-- in the transaction that commits that state (publish, fail), sent by the delivery task.
+CREATE TABLE IF NOT EXISTS deliveries (
+    id INTEGER PRIMARY KEY,
+    doc_id TEXT NOT NULL REFERENCES documents (id),
+    kind TEXT NOT NULL,
+    target TEXT NOT NULL,
+    event TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL DEFAULT 0,
+    last_status INTEGER,
+    last_error TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS deliveries_state_due ON deliveries (state, next_attempt_at);
+CREATE INDEX IF NOT EXISTS deliveries_doc ON deliveries (doc_id);
 """
 
 T = TypeVar("T")
@@ -159,6 +180,39 @@ class PageRecord:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class NewDelivery:
+    """A delivery to record with a document's final state: ``kind`` "webhook" or "hook", ``target``
+    the [[webhook]]/[[hook]] name, ``payload`` what is sent (the exact request body, or the hook's
+    environment as JSON), fixed now so that every attempt sends the same."""
+
+    kind: str
+    target: str
+    event: str
+    payload: str
+
+
+@dataclass(frozen=True)
+class Delivery:
+    id: int
+    doc_id: str
+    kind: str
+    target: str
+    event: str
+    payload: str
+    state: str
+    attempts: int
+    next_attempt_at: float
+    last_status: int | None
+    last_error: str | None
+    created_at: float
+    updated_at: float
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Delivery:
+        return cls(**dict(row))
+
+
 class Journal:
     def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
         self.path = path
@@ -218,6 +272,54 @@ class Journal:
                 raise sqlite3.OperationalError("database is locked (journal closing)")
             delay = min(delay * 2, 10.0)
 
+    def _transaction(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work``'s statements in one transaction: all of them are committed, or none. Waited
+        out like ``_execute`` while the database is locked or its disk full (rolled back, then
+        run again from the start)."""
+        delay = 0.5
+        while True:
+            with self._lock:
+                try:
+                    self._db.execute("BEGIN IMMEDIATE")
+                    try:
+                        result = work(self._db)
+                        self._db.execute("COMMIT")
+                        return result
+                    except BaseException:
+                        if self._db.in_transaction:
+                            self._db.execute("ROLLBACK")
+                        raise
+                except sqlite3.OperationalError as error:
+                    if not _worth_waiting_out(error) or self._closing.is_set():
+                        raise
+                    why = str(error)
+            log.warning("the journal cannot be written; waiting", error=why, journal=str(self.path), retry_in_s=delay)
+            if self._closing.wait(delay):
+                raise sqlite3.OperationalError("database is locked (journal closing)")
+            delay = min(delay * 2, 10.0)
+
+    def _update(self, db: sqlite3.Connection, doc_id: str, state: str, fields: dict[str, Any]) -> None:
+        if state not in STATES:
+            raise ValueError(f"unknown state {state!r}")
+        assignments = ["state = :state", "updated_at = :now"]
+        params: dict[str, Any] = {"state": state, "now": self._clock(), "id": doc_id}
+        for key, value in fields.items():
+            if key in ("error", "history") and value is not None:
+                value = json.dumps(value)
+            elif isinstance(value, str):
+                value = storable(value)
+            assignments.append(f"{key} = :{key}")
+            params[key] = value
+        db.execute(f"UPDATE documents SET {', '.join(assignments)} WHERE id = :id", params)
+
+    def _insert_deliveries(self, db: sqlite3.Connection, doc_id: str, deliveries: Sequence[NewDelivery]) -> None:
+        now = self._clock()
+        db.executemany(
+            "INSERT INTO deliveries (doc_id, kind, target, event, payload, created_at, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(doc_id, d.kind, d.target, d.event, d.payload, now, now) for d in deliveries],
+        )
+
     # -- documents -------------------------------------------------------------------------------
 
     def add_document(self, inbox: str, rel_path: str, sha256: str, size: int, mtime_ns: int) -> Document:
@@ -238,31 +340,72 @@ class Journal:
         return Document.from_row(row)
 
     def set_state(self, doc_id: str, state: str, **fields: Any) -> Document:
-        if state not in STATES:
-            raise ValueError(f"unknown state {state!r}")
-        assignments = ["state = :state", "updated_at = :now"]
-        params: dict[str, Any] = {"state": state, "now": self._clock(), "id": doc_id}
-        for key, value in fields.items():
-            if key in ("error", "history") and value is not None:
-                value = json.dumps(value)
-            elif isinstance(value, str):
-                value = storable(value)
-            assignments.append(f"{key} = :{key}")
-            params[key] = value
-        self._execute(f"UPDATE documents SET {', '.join(assignments)} WHERE id = :id", params)
+        self._transaction(lambda db: self._update(db, doc_id, state, fields))
         return self.get(doc_id)
 
     def record_attempt_failure(
         self, doc_id: str, error: dict[str, Any], *, final: bool, retry_at: float = 0.0
     ) -> Document:
         """Append to the document's history; ``final`` marks it failed, else it is queued for ``retry_at``."""
+        if final:
+            return self.fail(doc_id, error, ())
         doc = self.get(doc_id)
         history = [*doc.history, error]
-        if final:
-            return self.set_state(doc_id, "failed", error=error, history=history, attempts=doc.attempts + 1)
         return self.set_state(
             doc_id, "queued", error=error, history=history, attempts=doc.attempts + 1, next_attempt_at=retry_at
         )
+
+    def publish(self, doc_id: str, deliveries: Sequence[NewDelivery]) -> Document:
+        """Mark the document published and record its deliveries, in one transaction: a crash
+        leaves both or neither (the transactional outbox the delivery task sends from)."""
+
+        def work(db: sqlite3.Connection) -> None:
+            self._update(db, doc_id, "published", {"error": None})
+            self._insert_deliveries(db, doc_id, deliveries)
+
+        self._transaction(work)
+        return self.get(doc_id)
+
+    def fail(self, doc_id: str, error: dict[str, Any], deliveries: Sequence[NewDelivery]) -> Document:
+        """Mark the document failed (``error`` appended to its history, one more attempt counted)
+        and record its deliveries, in one transaction."""
+
+        def work(db: sqlite3.Connection) -> None:
+            row = db.execute("SELECT attempts, history FROM documents WHERE id = ?", (doc_id,)).fetchone()
+            if row is None:
+                raise KeyError(doc_id)
+            history = [*json.loads(row["history"]), error]
+            fields = {"error": error, "history": history, "attempts": row["attempts"] + 1}
+            self._update(db, doc_id, "failed", fields)
+            self._insert_deliveries(db, doc_id, deliveries)
+
+        self._transaction(work)
+        return self.get(doc_id)
+
+    def requeue_failed(self, doc_id: str, claimed_path: str, entry: dict[str, Any]) -> Document:
+        """A failed document whose original is back in its claim folder (``chandrad retry``):
+        queued now, its attempts counted from zero, ``entry`` appended to its history (which keeps
+        every earlier error). Raises ValueError if the document is not failed (any more)."""
+
+        def work(db: sqlite3.Connection) -> None:
+            row = db.execute("SELECT state, history FROM documents WHERE id = ?", (doc_id,)).fetchone()
+            if row is None:
+                raise KeyError(doc_id)
+            if row["state"] != "failed":
+                raise ValueError(f"document {doc_id} is {row['state']}, not failed")
+            fields = {
+                "claimed_path": claimed_path,
+                "final_path": None,
+                "output_dir": None,
+                "error": None,
+                "history": [*json.loads(row["history"]), entry],
+                "attempts": 0,
+                "next_attempt_at": 0.0,
+            }
+            self._update(db, doc_id, "queued", fields)
+
+        self._transaction(work)
+        return self.get(doc_id)
 
     def find_duplicate(self, sha256: str, exclude_id: str, taken_before: bool = False) -> Document | None:
         """A document with the same content that is published or still in progress.
@@ -332,6 +475,60 @@ class Journal:
         else:
             rows = self._execute("SELECT * FROM documents ORDER BY updated_at DESC LIMIT ?", (limit,)).fetchall()
         return [Document.from_row(row) for row in rows]
+
+    def find_failed(self, path: str) -> Document | None:
+        """The failed document whose original lies at ``path`` in failed/, or else the latest
+        failed one that came in under the name ``path`` (relative to its inbox)."""
+        row = self._execute(
+            "SELECT * FROM documents WHERE state = 'failed' AND (final_path = ? OR rel_path = ?) "
+            "ORDER BY final_path = ? DESC, updated_at DESC LIMIT 1",
+            (storable(path), storable(path), storable(path)),
+        ).fetchone()
+        return Document.from_row(row) if row else None
+
+    # -- deliveries ------------------------------------------------------------------------------
+
+    def due_deliveries(self, now: float, horizon: float, limit: int) -> list[Delivery]:
+        """The ``limit`` pending deliveries due soonest whose time has come, or is more than
+        ``horizon`` seconds away (a wall clock that stepped back)."""
+        rows = self._execute(
+            "SELECT * FROM deliveries WHERE state = 'pending' AND (next_attempt_at <= ? OR next_attempt_at > ?) "
+            "ORDER BY next_attempt_at, id LIMIT ?",
+            (now, now + horizon, limit),
+        ).fetchall()
+        return [Delivery.from_row(row) for row in rows]
+
+    def delivery_attempted(
+        self, delivery_id: int, state: str, *, next_attempt_at: float = 0.0, status: int | None, error: str | None
+    ) -> None:
+        """One attempt's outcome: ``state`` delivered, failed (given up) or pending (to retry at
+        ``next_attempt_at``), with the HTTP status or exit code and what went wrong."""
+        if state not in DELIVERY_STATES:
+            raise ValueError(f"unknown delivery state {state!r}")
+        self._execute(
+            "UPDATE deliveries SET state = ?, attempts = attempts + 1, next_attempt_at = ?, last_status = ?, "
+            "last_error = ?, updated_at = ? WHERE id = ?",
+            (state, next_attempt_at, status, error, self._clock(), delivery_id),
+        )
+
+    def delivery_counts(self) -> dict[str, int]:
+        rows = self._execute("SELECT state, COUNT(*) AS n FROM deliveries GROUP BY state").fetchall()
+        return {row["state"]: row["n"] for row in rows}
+
+    def deliveries(self, *, state: str | None = None, doc_id: str | None = None, limit: int = 20) -> list[Delivery]:
+        """Deliveries, latest change first; only those in ``state`` or of ``doc_id`` if given."""
+        clauses, params = [], []
+        if state is not None:
+            clauses.append("state = ?")
+            params.append(state)
+        if doc_id is not None:
+            clauses.append("doc_id = ?")
+            params.append(doc_id)
+        where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
+        rows = self._execute(
+            f"SELECT * FROM deliveries {where}ORDER BY updated_at DESC, id DESC LIMIT ?", (*params, limit)
+        ).fetchall()
+        return [Delivery.from_row(row) for row in rows]
 
     # -- pages -----------------------------------------------------------------------------------
 

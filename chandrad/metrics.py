@@ -36,6 +36,14 @@ class Metrics:
             "chandrad_engine_recycles", "Planned engine recycles since start", registry=registry
         )
         self.gpu_memory = Gauge("chandrad_gpu_memory_used_bytes", "GPU memory in use (NVML)", registry=registry)
+        # Webhook requests and hook runs: "delivered", "retried" (an attempt failed, another follows),
+        # "failed" (given up: a 4xx, max_attempts, max_age_hours, or the target is no longer configured).
+        self.deliveries = Counter(
+            "chandrad_deliveries", "Webhook and hook attempts by outcome", ["kind", "outcome"], registry=registry
+        )
+        self.deliveries_pending = Gauge(
+            "chandrad_deliveries_pending", "Webhook and hook deliveries not yet done", registry=registry
+        )
         self.ready = Gauge("chandrad_ready", "1 once watchers are armed and the engine answered", registry=registry)
         self._server: WSGIServer | None = None
 

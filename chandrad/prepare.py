@@ -16,24 +16,29 @@ from __future__ import annotations
 import contextvars
 import errno
 import hashlib
-import io
+import json
 import math
 import os
-import re
 import resource
 import shutil
 import signal
 import stat
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 import structlog
+from chandra.settings import settings as chandra_settings
 from PIL import Image, ImageOps, ImageSequence, UnidentifiedImageError
 
+from chandrad import pdfium_page
 from chandrad.config import PrepareSettings
 from chandrad.errors import PageTooLargeError, PermanentError, ToolTimeoutError, TransientError, UnreadablePdfError
+
+# Chandra scales up standalone images whose short side is under this (chandra.input.load_image).
+CHANDRA_MIN_IMAGE_DIM: int = chandra_settings.MIN_IMAGE_DIM
 
 log = structlog.get_logger("chandrad.prepare")
 
@@ -149,6 +154,7 @@ def kill_tools(procs: set[subprocess.Popen[bytes]]) -> int:
 
 # What Ghostscript, poppler, glibc and the loader print when an allocation is refused.
 _OUT_OF_MEMORY = (
+    b"MemoryError",
     b"Out of memory",
     b"VMerror",
     b"Cannot allocate memory",
@@ -159,7 +165,12 @@ _OUT_OF_MEMORY = (
 
 
 def run_tool(
-    args: list[str], settings: PrepareSettings, stage: str, *, binary: bool = False
+    args: list[str],
+    settings: PrepareSettings,
+    stage: str,
+    *,
+    binary: bool = False,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[Any]:
     """Run an external program; a timeout or a missing program is transient, its exit code is the caller's.
 
@@ -172,7 +183,12 @@ def run_tool(
     timeout, memory_mb = settings.subprocess_timeout_seconds, settings.tool_memory_mb
     try:
         proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env={**os.environ, **env} if env else None,
         )
     except FileNotFoundError:
         raise TransientError(
@@ -246,10 +262,6 @@ class PdfInfo:
     pages: int
     encrypted: bool
     has_form: bool
-    page_sizes: tuple[tuple[float, float], ...]  # points, per page
-
-
-_PAGE_SIZE = re.compile(r"^Page\s+(\d+)\s+size:\s+([\d.]+)\s+x\s+([\d.]+)", re.MULTILINE)
 
 
 def pdf_info(pdf: Path, settings: PrepareSettings, password: str | None = None) -> PdfInfo:
@@ -281,16 +293,10 @@ def pdf_info(pdf: Path, settings: PrepareSettings, password: str | None = None) 
         raise PermanentError(
             f"the PDF declares {pages} pages, more than max_pages = {settings.max_pages}; split it", stage="inspect"
         )
-    sized = run_tool([*args, "-f", "1", "-l", str(pages), str(pdf)], settings, "inspect")
-    if killed := killed_from_outside("pdfinfo", sized.returncode, "inspect"):
-        raise killed
-    sizes = {int(n): (float(w), float(h)) for n, w, h in _PAGE_SIZE.findall(sized.stdout)}
-    default = sizes.get(1, (612.0, 792.0))
     return PdfInfo(
         pages=pages,
         encrypted=fields.get("Encrypted", "no").strip().startswith("yes"),
         has_form=fields.get("Form", "none").strip() not in ("none", ""),
-        page_sizes=tuple(sizes.get(n, default) for n in range(1, pages + 1)),
     )
 
 
@@ -365,51 +371,57 @@ def normalise_pdf(
 
 def page_dpi(width_pt: float, height_pt: float, settings: PrepareSettings) -> float:
     """Chandra's rule (at least ``dpi``, short side at least ``min_short_side_px``), capped in pixels."""
-    short_side = max(min(width_pt, height_pt), 1.0)
-    dpi = max(float(settings.dpi), settings.min_short_side_px * 72.0 / short_side)
-    area_in2 = max(width_pt * height_pt, 1.0) / (72.0 * 72.0)
-    if area_in2 * dpi * dpi > settings.max_page_pixels:
-        dpi = math.sqrt(settings.max_page_pixels / area_in2)
-    return dpi
+    return pdfium_page.page_dpi(width_pt, height_pt, settings.dpi, settings.min_short_side_px, settings.max_page_pixels)
 
 
-def render_pdf_page(
-    pdf: Path, page_no: int, size_pt: tuple[float, float], settings: PrepareSettings, password: str | None = None
-) -> PageImage:
-    dpi = page_dpi(*size_pt, settings)
-    if dpi < settings.min_dpi:
-        raise PageTooLargeError(
-            f"page {page_no} is {size_pt[0] / 72:.0f}×{size_pt[1] / 72:.0f} inches: too large to read "
-            f"within max_page_pixels = {settings.max_page_pixels}",
-            stage="render",
-        )
-    # pdftoppm directly, one page, PPM on stdout. pdf2image (used before) ran pdfinfo (without a
-    # timeout) and `pdftoppm -v` before every page, and hid how pdftoppm ended: a renderer killed
-    # by the OOM killer read as "page could not be rendered", a permanent failure.
-    args = ["pdftoppm", "-r", f"{dpi:.4f}", "-f", str(page_no), "-l", str(page_no)]
-    if password:
-        args += ["-upw", password]
+RENDERER = "chandrad-render-page"
+
+
+def _renderer_command() -> list[str]:
+    """The PDF renderer: found on PATH like the other tools (so an admin, or a test, can wrap it),
+    else the one installed beside this interpreter, else the module run by it (a source tree)."""
+    beside = Path(sys.executable).with_name(RENDERER)
+    found = shutil.which(RENDERER) or (str(beside) if beside.exists() else None)
+    return [found] if found else [sys.executable, "-m", "chandrad.pdfium_page"]
+
+
+def render_pdf_page(pdf: Path, page_no: int, settings: PrepareSettings, password: str | None = None) -> PageImage:
+    """One page through PDFium, Chandra's renderer, in a child process (``chandrad.pdfium_page``)."""
+    args = [
+        *_renderer_command(),
+        *(str(pdf), str(page_no), str(settings.dpi), str(settings.min_short_side_px)),
+        *(str(settings.max_page_pixels), str(settings.min_dpi)),
+    ]
+    env = {pdfium_page.PASSWORD_ENV: password} if password else None
     try:
-        result = run_tool([*args, str(pdf)], settings, "render", binary=True)
+        result = run_tool(args, settings, "render", binary=True, env=env)
     except ToolTimeoutError:
         raise ToolTimeoutError(
             f"rendering page {page_no} took longer than {settings.subprocess_timeout_seconds:.0f} s", stage="render"
         ) from None
-    if killed := killed_from_outside("pdftoppm", result.returncode, "render"):
+    if killed := killed_from_outside("the PDF renderer", result.returncode, "render"):
         raise TransientError(f"rendering page {page_no}: {killed.reason}", stage="render")
-    if result.returncode != 0 or not result.stdout:
+    if result.returncode == pdfium_page.EXIT_TOO_LARGE:
+        size = json.loads(result.stdout)
+        raise PageTooLargeError(
+            f"page {page_no} is {size['width_in']:.0f}×{size['height_in']:.0f} inches: too large to read "
+            f"within max_page_pixels = {settings.max_page_pixels}",
+            stage="render",
+        )
+    if result.returncode != 0:
         why = (
             _last_line(result.stderr)
             if result.returncode > 0
-            else f"pdftoppm crashed ({_signal_name(result.returncode)})"
+            else f"the PDF renderer crashed ({_signal_name(result.returncode)})"
         )
         raise PermanentError(f"page {page_no} could not be rendered" + (f" ({why})" if why else ""), stage="render")
+    header, _, pixels = result.stdout.partition(b"\n")
     try:
-        image = Image.open(io.BytesIO(result.stdout))
-        image.load()
-    except (OSError, SyntaxError, ValueError) as error:
+        meta = json.loads(header)
+        image = Image.frombytes("RGB", (meta["width"], meta["height"]), pixels)
+    except (ValueError, KeyError, TypeError) as error:
         raise PermanentError(f"page {page_no} could not be rendered ({error})", stage="render") from None
-    return PageImage(page_no, image.convert("RGB"), dpi)
+    return PageImage(page_no, image, float(meta["dpi"]))
 
 
 def _signal_name(returncode: int) -> str:
@@ -497,7 +509,21 @@ def _page_from_frame(frame: Image.Image, page_no: int, settings: PrepareSettings
         if orientation in _ORIENTATION:
             page = page.transpose(_ORIENTATION[orientation])
         page = page.convert("RGB")
-    return PageImage(page_no, page, float(dpi or 0))
+    return PageImage(page_no, _upscale_small(page, settings), float(dpi or 0))
+
+
+def _upscale_small(page: Image.Image, settings: PrepareSettings) -> Image.Image:
+    """Chandra's rule for a standalone image (``chandra.input.load_image``): a short side under
+    ``MIN_IMAGE_DIM`` (1 536 px) is scaled up to it, LANCZOS. Only an extreme aspect ratio (a
+    100 × 20 000 strip would become 471 M pixels) is held to four times ``max_page_pixels``: the
+    engine's ``scale_to_fit`` brings every page under that cap's quarter anyway."""
+    width, height = page.size
+    short_side = min(width, height)
+    if short_side >= CHANDRA_MIN_IMAGE_DIM:
+        return page
+    scale = CHANDRA_MIN_IMAGE_DIM / short_side
+    size = _capped_size(int(width * scale), int(height * scale), 4 * settings.max_page_pixels)
+    return page.resize(size, Image.Resampling.LANCZOS)
 
 
 def render_image_page(path: Path, page_no: int, settings: PrepareSettings) -> PageImage:
@@ -524,7 +550,6 @@ class PreparedDocument:
     doc_type: DocType
     source: Path  # the bytes pages are rendered from (normalised PDF, or the claimed original)
     page_count: int
-    page_sizes: tuple[tuple[float, float], ...] = ()
     password: str | None = None
     # Set while ``source`` is the untouched original PDF: where Ghostscript's repair may write.
     repair_to: Path | None = None
@@ -537,7 +562,7 @@ class PreparedDocument:
         if self.doc_type == "image":
             return render_image_page(self.source, page_no, settings)
         try:
-            return render_pdf_page(self.source, page_no, self.page_sizes[page_no - 1], settings, self.password)
+            return render_pdf_page(self.source, page_no, settings, self.password)
         except PageTooLargeError:
             raise
         except PermanentError as error:
@@ -551,8 +576,8 @@ class PreparedDocument:
             info = pdf_info(target, settings)
             if info.pages != self.page_count:
                 raise
-            self.source, self.page_sizes, self.password = target, info.page_sizes, None
-            return render_pdf_page(self.source, page_no, self.page_sizes[page_no - 1], settings)
+            self.source, self.password = target, None
+            return render_pdf_page(self.source, page_no, settings)
 
 
 def prepare_document(
@@ -581,7 +606,7 @@ def prepare_document(
         # Anything else (password-protected, no pages, too many pages): a rewrite cannot change that.
         original_info = None  # damaged: Ghostscript's repair is the only hope
     as_is = (
-        PreparedDocument("pdf", original, original_info.pages, original_info.page_sizes, password, normalised, compress)
+        PreparedDocument("pdf", original, original_info.pages, password, normalised, compress)
         if original_info
         else None
     )
@@ -611,9 +636,7 @@ def prepare_document(
     ):
         normalised.unlink()
         return as_is
-    return PreparedDocument(
-        "pdf", normalised, info.pages, info.page_sizes, repair_warning="; ".join(warnings) if as_is is None else ""
-    )
+    return PreparedDocument("pdf", normalised, info.pages, repair_warning="; ".join(warnings) if as_is is None else "")
 
 
 def is_blank(image: Image.Image) -> bool:

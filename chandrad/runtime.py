@@ -9,11 +9,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from chandrad import folders, prepare
+from chandrad import delivery, folders, prepare
 from chandrad.config import InboxSettings, Settings
 from chandrad.engine.base import Engine
-from chandrad.journal import Document, Journal
+from chandrad.journal import Document, Journal, NewDelivery
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,31 @@ class Runtime:
         self.inboxes.update({inbox.name: inbox for inbox in settings.inbox})
 
     def inbox_of(self, doc: Document) -> InboxSettings:
-        return self.inboxes[doc.inbox]
+        """The settings that apply to ``doc``: its inbox's, with the first ``[[inbox.rule]]``
+        matching its path in the inbox applied (``InboxSettings.effective``)."""
+        return self.inboxes[doc.inbox].effective(doc.rel_path)
+
+    async def deliveries(
+        self, doc: Document, inbox: InboxSettings, event: str, entry: dict[str, Any] | None = None
+    ) -> list[NewDelivery]:
+        """The webhooks and hooks ``doc`` gets for its final state ``event`` ("published",
+        "failed"; ``entry`` says why it failed), to be committed with that state. ``chandrad
+        once`` (originals not moved) has no delivery task: nothing is planned for it."""
+        if not self.move_originals:
+            return []
+        webhooks, hooks = delivery.targets(self.settings, inbox, event)
+        if not webhooks and not hooks:
+            return []
+        current = await self.journal.call(self.journal.get, doc.id)  # output_dir and final_path as committed
+        files = (
+            await asyncio.to_thread(delivery.output_files, inbox.outbox, current.output_dir)
+            if event == "published"
+            else []
+        )
+        described = delivery.body(
+            current, inbox, event, entry, files, engine=self.engine.name, model=self.engine.model, now=self.clock()
+        )
+        return delivery.plan(webhooks, hooks, described, inbox)
 
     def staging_dir(self, inbox: InboxSettings, doc_id: str) -> Path:
         return folders.staging_dir(inbox.outbox, doc_id)

@@ -223,14 +223,18 @@ class DocumentStages:
             else:
                 folder = inbox.archive if inbox.on_success == "archive" else inbox.path
                 assert folder is not None
-                if doc.final_path:
+                if doc.final_path and Path(doc.final_path).is_relative_to(folder):
                     target = Path(doc.final_path)
                 else:
+                    # None yet, or one in failed/ named by a failure whose move never happened (failed/
+                    # unwritable) before this retry published the document: it belongs here now.
                     rel = publish.safe_relative(Path(doc.rel_path))
                     target = await asyncio.to_thread(publish.free_name, folder / rel.parent, rel.name)
                     await journal.call(journal.set_state, doc.id, "publishing", final_path=str(target))
                 await asyncio.to_thread(_move_if_there, claimed, target)
-        await journal.call(journal.set_state, doc.id, "published", error=None)
+        # The deliveries (webhooks, hooks) are committed with the state, in one transaction.
+        deliveries = await runtime.deliveries(doc, inbox, "published")
+        await journal.call(journal.publish, doc.id, deliveries)
         await runtime.clear_leftovers(doc, inbox)
         return Outcome(doc.id, "published", Path(doc.output_dir) if doc.output_dir else None)
 

@@ -18,13 +18,20 @@ from chandrad.engine.processes import (
     end_engines_left_behind,
     end_process_tree,
     is_vllm_process,
+    process_argv,
     record_engine_process,
 )
 
 
 def spawn_child() -> multiprocessing.process.BaseProcess:
+    """A spawned multiprocessing child, once it runs its own program (until its exec, /proc shows the
+    parent's command line: on a busy machine that lasted long enough to fail the checks below)."""
     child = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
     child.start()
+    for _ in range(500):
+        if "-c" in process_argv(child.pid):
+            break
+        time.sleep(0.01)
     return child
 
 

@@ -292,12 +292,6 @@ async def test_report_only_writes_the_reason_to_failed_and_says_the_original_sta
     assert not (world.inbox.failed / "sub" / "readonly.pdf").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fail() names the failed/ target in the journal (final_path) before the move and leaves it there when "
-    "the move fails and the document is queued again; if the retry then succeeds, finish() trusts final_path "
-    "and moves the published document's original into failed/ (with no report) instead of archive/",
-)
 async def test_a_document_queued_again_because_failed_was_unwritable_and_then_published_is_archived(
     tmp_path: Path,
 ) -> None:

@@ -274,11 +274,6 @@ async def test_a_file_that_cannot_be_moved_out_of_the_inbox_is_failed_with_a_rep
     assert len(world.rows()) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='intake._claim builds its reason from two f-strings that both carry the space ("give its user " + '
-    '" write access"): the message a person reads in the report says "give its user  write access"',
-)
 async def test_the_reason_for_a_file_that_cannot_be_moved_has_no_doubled_space(world: World) -> None:
     source = world.drop("stuck.png", text_png("stuck"))
     block_claims(world.inbox)

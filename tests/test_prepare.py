@@ -6,7 +6,7 @@ import io
 import os
 
 import pytest
-from PIL import Image
+from PIL import Image, ImageChops
 
 from chandrad.config import PrepareSettings
 from chandrad.errors import PermanentError, TransientError
@@ -135,7 +135,32 @@ def test_multi_frame_tiff_gives_one_page_per_frame_and_exif_rotation_applies(tmp
     exif[0x0112] = 6  # "rotate 90° clockwise to display"
     Image.new("RGB", (400, 200), "white").save(rotated, exif=exif)
     page = prepare_document(rotated, tmp_path / "j", "lossless", SETTINGS).render(1, SETTINGS)
-    assert page.image.size == (200, 400)
+    assert page.image.size == (1536, 3072), "upright (portrait), then scaled up as Chandra scales a small image"
+
+
+def test_a_small_image_is_scaled_up_to_chandras_minimum_short_side_and_a_large_one_is_not(tmp_path):
+    from chandra.input import load_image
+
+    small = tmp_path / "receipt.png"
+    Image.new("RGB", (517, 147), "white").save(small)
+    page = prepare_document(small, tmp_path / "s", "lossless", SETTINGS).render(1, SETTINGS)
+    # Chandra's own arithmetic, float truncation included: 147 × (1536 / 147) gives 1535.
+    assert page.image.size == load_image(str(small)).size == (5402, 1535)
+    large = tmp_path / "scan.png"
+    Image.new("L", (1700, 2200), 255).save(large)
+    assert prepare_document(large, tmp_path / "l", "lossless", SETTINGS).render(1, SETTINGS).image.size == (1700, 2200)
+
+
+def test_a_pdf_page_is_rendered_as_chandras_own_pipeline_renders_it(tmp_path):
+    from chandra.input import load_pdf_images
+
+    for name in ("linn.pdf", "cardinal.pdf", "jbig2.pdf", "with-form.pdf"):
+        source = corpus_file(name)
+        doc = prepare_document(source, tmp_path / name, "lossless", SETTINGS)
+        ours = doc.render(1, SETTINGS).image
+        (theirs,) = load_pdf_images(str(source), [0])
+        assert ours.size == theirs.size, name
+        assert ImageChops.difference(ours, theirs.convert("RGB")).getbbox() is None, f"{name}: the same pixels"
 
 
 def test_a_pixel_bomb_image_is_refused_before_decoding(tmp_path):

@@ -1,7 +1,7 @@
 """External programs that hang or die, and a journal locked by another process.
 
-Fake ``gs``, ``pdftoppm`` and ``pdfinfo`` come first on the daemon's PATH (only in that
-daemon's environment). They hang (``exec sleep``) or kill themselves (``kill -9 $$``) when their
+Fake ``gs``, ``chandrad-render-page`` (the PDF page renderer) and ``pdfinfo`` come first on the
+daemon's PATH (only in that daemon's environment). They hang (``exec sleep``) or kill themselves (``kill -9 $$``) when their
 arguments name a file whose name says so, and run the real program otherwise, so one daemon
 meets every fault and healthy documents alongside them.
 """
@@ -31,6 +31,7 @@ from tests.reliability.chaoslib import (
 )
 
 HANG = "sleep 613"  # a duration no one else uses, to find leftovers
+RENDERER = str(Path(sys.executable).with_name("chandrad-render-page"))  # the real one, in this venv
 
 
 def wrapper(real: str, tag: str) -> str:
@@ -41,8 +42,12 @@ def wrapper(real: str, tag: str) -> str:
 def test_hung_and_killed_ghostscript_and_poppler_time_out_or_fall_back_and_the_daemon_stays_well(
     chaos_factory, tmp_path
 ):
-    env = fake_tools(tmp_path / "bin", gs=wrapper("/usr/bin/gs", "gs"), pdftoppm=wrapper("/usr/bin/pdftoppm", "ppm"),
-                     pdfinfo=wrapper("/usr/bin/pdfinfo", "info"))
+    env = fake_tools(
+        tmp_path / "bin",
+        gs=wrapper("/usr/bin/gs", "gs"),
+        pdfinfo=wrapper("/usr/bin/pdfinfo", "info"),
+        **{"chandrad-render-page": wrapper(RENDERER, "ppm")},
+    )
     daemon: ChaosDaemon = chaos_factory(
         tmp_path / "tree", env=env,
         extra_config="max_attempts = 2\ndrain_seconds = 2\n[prepare]\nsubprocess_timeout_seconds = 3",
@@ -55,8 +60,8 @@ def test_hung_and_killed_ghostscript_and_poppler_time_out_or_fall_back_and_the_d
         # Ghostscript crashes on it (SIGSEGV): the original is rendered without the rewrite.
         "gssegv-form.pdf": Expect(form + b"\n% 3\n", pages=1),
         "ppmhang-plain.pdf": Expect(simple_pdf(1, label="ppm hang"), reason="took longer than 3 s"),
-        "ppmcrash-plain.pdf": Expect(simple_pdf(1, label="ppm crash"), reason="pdftoppm was killed by SIGKILL"),
-        # poppler crashes on the original: Ghostscript's repair rewrites it and the rewrite renders.
+        "ppmcrash-plain.pdf": Expect(simple_pdf(1, label="ppm crash"), reason="the PDF renderer was killed by SIGKILL"),
+        # The renderer crashes on the original: Ghostscript's repair rewrites it and the rewrite renders.
         "ppmsegv-plain.pdf": Expect(simple_pdf(1, label="ppm segv"), pages=1),
         "infohang-plain.pdf": Expect(simple_pdf(1, label="info hang"), reason="pdfinfo took longer than 3 s"),
         "infocrash-plain.pdf": Expect(simple_pdf(1, label="info crash"), reason="pdfinfo was killed by SIGKILL"),
@@ -79,7 +84,7 @@ def test_hung_and_killed_ghostscript_and_poppler_time_out_or_fall_back_and_the_d
                  "ppmcrash-plain.pdf", "infocrash-plain.pdf"):
         report = json.loads((daemon.failed / f"{name}.error.json").read_text())
         assert report["kind"] == "transient" and len(report["history"]) == 2, "a timeout is retried, then failed"
-    record_figures("gs/pdftoppm/pdfinfo hung or killed", runs=1, inputs=len(inputs), **figures,
+    record_figures("gs/renderer/pdfinfo hung or killed", runs=1, inputs=len(inputs), **figures,
                    stop_seconds=round(stop_seconds, 1), max_rss_mb=daemon.sampler.max_rss_mb,
                    max_fds=daemon.sampler.max_fds)
 
@@ -133,10 +138,10 @@ def test_a_journal_locked_by_another_process_stops_startup_with_a_clear_error_an
 
 
 def test_a_renderer_killed_on_every_page_fails_the_document_with_a_reason_after_retries(chaos_factory, tmp_path):
-    # pdftoppm dies by SIGKILL (what the OOM killer sends) on every page, Ghostscript's rewrite included.
-    env = fake_tools(tmp_path / "bin", pdftoppm='case "$*" in -v) exec /usr/bin/pdftoppm -v;; esac\nkill -9 $$')
+    # The renderer dies by SIGKILL (what the OOM killer sends) on every page, Ghostscript's rewrite included.
+    env = fake_tools(tmp_path / "bin", **{"chandrad-render-page": "kill -9 $$"})
     daemon: ChaosDaemon = chaos_factory(tmp_path / "tree", env=env, extra_config="max_attempts = 2")
-    inputs = {"plain.pdf": Expect(simple_pdf(1, label="killed renderer"), reason="pdftoppm"),
+    inputs = {"plain.pdf": Expect(simple_pdf(1, label="killed renderer"), reason="the PDF renderer"),
               "note.png": Expect(text_png("png needs no renderer"), pages=1)}
     daemon.start()
     for name, expect in inputs.items():
