@@ -4,6 +4,12 @@ For machines without a GPU (and for tests): each tesseract text block (``ocr_car
 ``Text`` div with its bounding box normalised to 0–1000, its paragraphs ``<p>`` elements with the
 lines joined, as Chandra writes them. It reads text, not layout semantics: no tables, headers or
 figures. One tesseract process per page, as many at once as there are cores.
+
+With ``word_boxes`` each div also carries tesseract's own boxes in ``data-lines``, in pixels of
+the page image: per line ``x0 y0 x1 y1 n s`` (top and bottom at x0, slope s / 10000) and its
+``n`` words' ``x0 x1``, lines separated by commas, the words in the order of the div's text.
+``searchable_pdf.page_text_lines`` takes them as they are. ``chandra.output`` reads a div's
+contents only, so the Markdown, HTML and JSON outputs never show them.
 """
 
 from __future__ import annotations
@@ -34,18 +40,44 @@ def _bbox(tag: object) -> tuple[int, int, int, int] | None:
     return x0, y0, x1, y1
 
 
-def hocr_to_chandra_html(hocr: str, width: int, height: int) -> str:
-    """Convert tesseract hOCR into Chandra's layout-block HTML (bbox in 0–1000 page units)."""
+_BASELINE = re.compile(r"baseline (-?[\d.]+) (-?[\d.]+)")
+
+
+def _line_boxes(line: Tag, words: list[Tag]) -> str | None:
+    """One entry of ``data-lines``: ``x0 y0 x1 y1 n s`` (top and bottom at x0, slope s / 10000, from
+    hOCR's baseline) and each word's ``x0 x1``."""
+    box = _bbox(line)
+    word_boxes = [_bbox(word) for word in words]
+    if box is None or any(b is None for b in word_boxes):
+        return None
+    x0, y0, x1, y1 = box
+    title = line.get("title", "")
+    match = _BASELINE.search(title) if isinstance(title, str) else None
+    slope = float(match.group(1)) if match else 0.0
+    # The bbox holds the whole skewed line; its height at one x is what the slope leaves of it.
+    rise = min(abs(slope) * (x1 - x0), (y1 - y0) * 0.7)
+    top, bottom = (y0, y1 - rise) if slope >= 0 else (y0 + rise, y1)
+    xs = " ".join(f"{b[0]} {b[2]}" for b in word_boxes if b is not None)
+    return f"{x0} {round(top)} {x1} {round(bottom)} {len(words)} {round(slope * 10000)} {xs}"
+
+
+def hocr_to_chandra_html(hocr: str, width: int, height: int, word_boxes: bool = False) -> str:
+    """Convert tesseract hOCR into Chandra's layout-block HTML (bbox in 0–1000 page units); with
+    ``word_boxes``, each block's line and word boxes in ``data-lines`` (pixels)."""
     soup = BeautifulSoup(hocr, "html.parser")
     blocks = []
     for area in soup.find_all(class_="ocr_carea"):
         paragraphs = []
+        boxes: list[str | None] = []
         for par in area.find_all(class_="ocr_par"):
             lines = []
             for line in par.find_all(class_=re.compile(r"^ocr_(line|caption|textfloat|header)$")):
-                words = [w.get_text() for w in line.find_all(class_="ocrx_word") if w.get_text().strip()]
+                tags = [w for w in line.find_all(class_="ocrx_word") if w.get_text().strip()]
+                # One word, one token: whitespace inside a word (rare) would split it in the text.
+                words = ["".join(w.get_text().split()) for w in tags]
                 if words:
                     lines.append(" ".join(words))
+                    boxes.append(_line_boxes(line, tags))
             if lines:
                 paragraphs.append(html.escape(" ".join(lines), quote=False))
         box = _bbox(area)
@@ -59,7 +91,10 @@ def hocr_to_chandra_html(hocr: str, width: int, height: int) -> str:
             round(y1 * 1000 / height),
         )
         body = "".join(f"<p>{text}</p>" for text in paragraphs)
-        blocks.append(f'<div data-bbox="{" ".join(map(str, scaled))}" data-label="Text">{body}</div>')
+        lines_attr = ""
+        if word_boxes and boxes and all(b is not None for b in boxes):
+            lines_attr = f' data-lines="{",".join(b for b in boxes if b is not None)}"'
+        blocks.append(f'<div data-bbox="{" ".join(map(str, scaled))}" data-label="Text"{lines_attr}>{body}</div>')
     if not blocks:
         return '<div data-bbox="0 0 1000 1000" data-label="Blank-Page"></div>'
     return "\n".join(blocks)
@@ -75,8 +110,15 @@ def _grey_ppm(image: Image.Image) -> bytes:
 class TesseractEngine:
     name = "tesseract"
 
-    def __init__(self, languages: str = "eng", timeout_s: float = 600.0, concurrency: int | None = None) -> None:
+    def __init__(
+        self,
+        languages: str = "eng",
+        timeout_s: float = 600.0,
+        concurrency: int | None = None,
+        word_boxes: bool = True,
+    ) -> None:
         self.languages = languages
+        self.word_boxes = word_boxes
         self.timeout_s = timeout_s
         self.model = f"tesseract:{languages}"
         self._slots = asyncio.Semaphore(concurrency or os.cpu_count() or 1)
@@ -122,7 +164,9 @@ class TesseractEngine:
         ppm = await asyncio.to_thread(_grey_ppm, request.image)  # conversions and parsing: off the event loop
         async with self._slots:
             hocr = await self._run(["tesseract", "-", "-", "-l", self.languages, "hocr"], ppm)
-        html = await asyncio.to_thread(hocr_to_chandra_html, hocr.decode("utf-8", errors="replace"), width, height)
+        html = await asyncio.to_thread(
+            hocr_to_chandra_html, hocr.decode("utf-8", errors="replace"), width, height, self.word_boxes
+        )
         return PageResult(html=html, latency_s=time.monotonic() - started)
 
     def status(self) -> EngineStatus:
