@@ -12,7 +12,7 @@ python="${PYTHON:-python3}"
 apt_packages=(ghostscript poppler-utils tesseract-ocr tesseract-ocr-eng)
 if [[ "$purpose" == test ]]; then
     # systemd-analyze verifies the units; smbd + smbclient serve the network-share tests.
-    apt_packages+=(systemd samba smbclient)
+    apt_packages+=(systemd samba smbclient qpdf)  # qpdf --check: tests/test_searchable_pdf.py
 fi
 # python3-venv only matters when the interpreter is Debian's own (it lacks ensurepip otherwise).
 if [[ "$(command -v "$python")" == /usr/bin/* ]]; then
