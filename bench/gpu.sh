@@ -170,10 +170,10 @@ pair() {
 }
 
 profile() {
-  local name=$1 after=$2 seconds=$3; shift 3
+  local name=$1 after=$2 seconds=$3 delay=${DELAY:-0}; shift 3
   local dir=/root/prof-$name rec=/root/work-$name/daemon/profile-record.json summ= rc
   rm -rf "$dir" && mkdir -p "$dir"
-  pair "$name" --daemon-profile "{\"dir\": \"$dir\", \"after_pages\": $after, \"seconds\": $seconds}" "$@" &
+  pair "$name" --daemon-profile "{\"dir\": \"$dir\", \"after_pages\": $after, \"seconds\": $seconds, \"delay\": $delay}" "$@" &
   local runner=$!
   summarise() {
     python3 bench/profile_gpu.py summarise "$dir" --record "$rec" --out "$OUT/$name-profile.json" \

@@ -699,6 +699,7 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
         spec = json.loads(a.daemon_profile)
         command = [sys.executable, str(REPO / "bench" / "profiled_daemon.py"), "--config", str(config),
                    "--src", str(SRC), "--after-pages", str(spec["after_pages"]), "--seconds", str(spec["seconds"]),
+                   "--delay", str(spec.get("delay", 0)),
                    "--record", str(profile_record)]
         env["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"  # preprocess/forward/postprocess/sample in the trace
     with open(log_path, "ab") as log:

@@ -54,7 +54,7 @@ def engine_of(daemon: Any) -> Any:
 
 
 async def drive_profiler(daemon: Any, a: argparse.Namespace) -> None:
-    record: dict[str, Any] = {"after_pages": a.after_pages, "seconds": a.seconds}
+    record: dict[str, Any] = {"after_pages": a.after_pages, "delay": a.delay, "seconds": a.seconds}
     try:
         while engine_of(daemon) is None or not daemon.started:
             await asyncio.sleep(0.5)
@@ -63,6 +63,7 @@ async def drive_profiler(daemon: Any, a: argparse.Namespace) -> None:
         record["pages_before_timed"] = base
         while engine.stats.pages - base < a.after_pages:
             await asyncio.sleep(0.05)
+        await asyncio.sleep(a.delay)  # e.g. into the decode-only middle of the first wave
         llm = engine._instances[0].llm
 
         def snapshot() -> dict[str, Any]:
@@ -99,6 +100,7 @@ def main() -> int:
     ap.add_argument("--src", required=True, help="directory holding the chandrad package measured")
     ap.add_argument("--after-pages", type=int, required=True, help="timed pages finished before the profile starts")
     ap.add_argument("--seconds", type=float, required=True, help="how long the profile runs")
+    ap.add_argument("--delay", type=float, default=0.0, help="seconds to wait after --after-pages before starting")
     ap.add_argument("--record", required=True, help="JSON file: what the profiler task did, with times")
     a = ap.parse_args()
     sys.path.insert(0, str(Path(a.src).resolve()))
