@@ -8,23 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import click
 import structlog
 
-from chandrad import __version__
+from chandrad import __version__, folders
 from chandrad.config import InboxSettings, Settings, load_settings, prepare_folders
+from chandrad.durable import move_durably
 from chandrad.engine import create_engine, cuda_gpu_visible
 from chandrad.errors import ConfigError
-from chandrad.journal import Journal
+from chandrad.failures import REPORT_SUFFIX
+from chandrad.journal import Delivery, Document, Journal
 from chandrad.logs import configure_logging
 from chandrad.notify import Notifier
+from chandrad.runtime import now_iso
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -178,21 +183,81 @@ async def _convert_once(settings: Settings, files: tuple[Path, ...], output_dir:
     return failures
 
 
-@main.command()
-@config_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status(config_path: Path | None, as_json: bool) -> None:
-    """Summarise the journal: documents by state, what is in flight, recent failures."""
-    settings = _load(config_path)
+def _open_journal(settings: Settings) -> Journal:
+    """The daemon's journal, opened beside a running daemon (SQLite WAL: both may use it at once)."""
     journal_path = settings.state_dir / "journal.sqlite3"
     if not journal_path.exists():
         click.echo(f"no journal at {journal_path}: chandrad has not run with this state_dir yet", err=True)
         sys.exit(EXIT_FAILED)
-    journal = Journal(journal_path)
     try:
+        return Journal(journal_path)
+    except ConfigError as error:
+        click.echo(f"chandrad: {error}", err=True)
+        sys.exit(EXIT_FAILED)
+
+
+def _local(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _failed_entry(doc: Document) -> dict[str, object]:
+    error = doc.error or {}
+    return {
+        "doc": doc.id,
+        "inbox": doc.inbox,
+        "file": doc.rel_path,
+        "reason": error.get("reason", ""),
+        "kind": error.get("kind", ""),
+        "stage": error.get("stage", ""),
+        "attempts": doc.attempts,
+        "original": doc.final_path,
+        "at": _local(doc.updated_at),
+    }
+
+
+def _delivery_entry(delivery: Delivery, files: dict[str, str]) -> dict[str, object]:
+    return {
+        "id": delivery.id,
+        "kind": delivery.kind,
+        "target": delivery.target,
+        "event": delivery.event,
+        "doc": delivery.doc_id,
+        "file": files.get(delivery.doc_id, ""),
+        "state": delivery.state,
+        "attempts": delivery.attempts,
+        "status": delivery.last_status,
+        "error": delivery.last_error,
+        "at": _local(delivery.updated_at),
+    }
+
+
+@main.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--failed", "only_failed", is_flag=True, help="List failed documents with their reasons (for `chandrad retry`)."
+)
+def status(config_path: Path | None, as_json: bool, only_failed: bool) -> None:
+    """Summarise the journal: documents by state, what is in flight, recent failures, deliveries."""
+    settings = _load(config_path)
+    journal = _open_journal(settings)
+    try:
+        if only_failed:
+            failed_docs = journal.recent(FAILED_LISTED, state="failed")
+            _print_failed(failed_docs, as_json)
+            return
         counts = journal.counts()
         in_flight = journal.unfinished()
         failed = journal.recent(10, state="failed")
+        delivery_counts = journal.delivery_counts()
+        given_up = journal.deliveries(state="failed", limit=10)
+        retrying = [d for d in journal.deliveries(state="pending", limit=50) if d.attempts > 0][:10]
+        files = {}
+        for delivery in [*given_up, *retrying]:
+            try:
+                files[delivery.doc_id] = journal.get(delivery.doc_id).rel_path
+            except KeyError:
+                pass
     finally:
         journal.close()
     report = {
@@ -214,10 +279,13 @@ def status(config_path: Path | None, as_json: bool) -> None:
                 "inbox": d.inbox,
                 "file": d.rel_path,
                 "reason": (d.error or {}).get("reason", ""),
-                "at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.updated_at)),
+                "at": _local(d.updated_at),
             }
             for d in failed
         ],
+        "deliveries": delivery_counts,
+        "failed_deliveries": [_delivery_entry(d, files) for d in given_up],
+        "retrying_deliveries": [_delivery_entry(d, files) for d in retrying],
     }
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -226,14 +294,189 @@ def status(config_path: Path | None, as_json: bool) -> None:
     for doc in in_flight:
         click.echo(f"  in flight: {doc.rel_path} ({doc.inbox}) — {doc.state}")
     for doc in failed:
-        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(doc.updated_at))
-        click.echo(f"  failed {at}: {doc.rel_path} — {(doc.error or {}).get('reason', '')}")
+        click.echo(f"  failed {_local(doc.updated_at)}: {doc.rel_path} — {(doc.error or {}).get('reason', '')}")
+    if delivery_counts:
+        click.echo("deliveries: " + ", ".join(f"{state} {n}" for state, n in sorted(delivery_counts.items())))
+    for delivery in given_up:
+        click.echo(
+            f"  failed {delivery.kind} {delivery.target} ({delivery.event}) {_local(delivery.updated_at)}: "
+            f"{files.get(delivery.doc_id, delivery.doc_id)} — {delivery.last_error}"
+        )
+    for delivery in retrying:
+        click.echo(
+            f"  retrying {delivery.kind} {delivery.target} ({delivery.event}): {files.get(delivery.doc_id, '')} — "
+            f"{delivery.last_error} (attempt {delivery.attempts}, next {_local(delivery.next_attempt_at)})"
+        )
+
+
+FAILED_LISTED = 1000
+
+
+def _print_failed(failed: list[Document], as_json: bool) -> None:
+    entries = [_failed_entry(doc) for doc in failed]
+    if as_json:
+        click.echo(json.dumps({"failed": entries}, indent=2))
+        return
+    if not entries:
+        click.echo("no failed documents")
+    for entry in entries:
+        click.echo(
+            f"{entry['at']}  {entry['doc']}  {entry['inbox']}/{entry['file']}  [{entry['kind']}, "
+            f"{entry['attempts']} attempt(s)]\n    {entry['reason']}"
+            + (f"\n    original: {entry['original']}" if entry["original"] else "")
+        )
+
+
+@main.command()
+@click.argument("target")
+@config_option
+def retry(target: str, config_path: Path | None) -> None:
+    """Put the failed document TARGET (its doc id, its original in failed/, or its name in the inbox)
+    back into processing: the original goes back from failed/ to the inbox's claim folder, the
+    document is queued with its attempts counted anew, and its errors stay in its history. Works
+    while the daemon runs (it takes the document within seconds); otherwise at its next start."""
+    settings = _load(config_path)
+    journal = _open_journal(settings)
+    try:
+        doc = _failed_document(journal, target)
+        inbox = next((inbox for inbox in settings.inbox if inbox.name == doc.inbox), None)
+        if inbox is None:
+            _refuse(f"{doc.rel_path}: its inbox {doc.inbox!r} is no longer configured")
+        claimed = _put_back(journal, doc, inbox)
+    finally:
+        journal.close()
+    click.echo(f"{doc.inbox}/{doc.rel_path} ({doc.id}): queued again (original back in {claimed.parent})")
+
+
+def _refuse(message: str) -> NoReturn:
+    click.echo(f"chandrad: {message}", err=True)
+    sys.exit(EXIT_FAILED)
+
+
+def _failed_document(journal: Journal, target: str) -> Document:
+    """The failed document ``target`` names: a doc id, the path of its original in failed/, or its
+    path relative to its inbox."""
+    try:
+        doc = journal.get(target)
+    except KeyError:
+        path = Path(target)
+        candidates = dict.fromkeys([target, str(path.absolute()), str(path.resolve())])
+        for candidate in candidates:
+            found = journal.find_failed(candidate)
+            if found is not None:
+                return found
+        _refuse(f"no failed document is {target!r} (a doc id, the file in failed/, or its name in the inbox)")
+    if doc.state != "failed":
+        _refuse(f"{doc.rel_path} ({doc.id}) is {doc.state}, not failed: nothing to retry")
+    return doc
+
+
+def _put_back(journal: Journal, doc: Document, inbox: InboxSettings) -> Path:
+    """Move the original from failed/ back to its claim folder, then queue the document. Each
+    step is idempotent: a crash between them leaves the original in the claim folder and the
+    document failed, and running ``chandrad retry`` again finishes it."""
+    if doc.claimed_path is None:
+        _refuse(f"{doc.rel_path} was never taken in (it was left in the inbox): fix the reason and drop it again")
+    claimed = folders.claimed_path(inbox.path, doc.id, Path(doc.rel_path))
+    original = Path(doc.final_path) if doc.final_path else None
+    if original is not None and (original.exists() or original.is_symlink()):
+        move_durably(original, claimed)
+    elif not claimed.exists():
+        _refuse(
+            f"{doc.rel_path}: its original is no longer in failed/ ({original}); drop the file into the inbox again"
+        )
+    entry = {
+        "reason": "put back into processing by `chandrad retry`",
+        "kind": "retry",
+        "stage": "retry",
+        "attempt": doc.attempts,
+        "at": now_iso(),
+        **({"from": str(original)} if original is not None else {}),
+    }
+    try:
+        journal.requeue_failed(doc.id, str(claimed), entry)
+    except ValueError as error:
+        _refuse(str(error))
+    if original is not None:  # the reason is in the document's history now; failed/ no longer holds it
+        original.with_name(original.name + REPORT_SUFFIX).unlink(missing_ok=True)
+    return claimed
+
+
+def _print_rules(settings: Settings) -> None:
+    """Which [[inbox.rule]] each existing sub-folder of an inbox gets (inboxes with rules only)."""
+    for inbox in settings.inbox:
+        if not inbox.rule:
+            continue
+        click.echo(f"[ok] rules of inbox {inbox.name}: {len(inbox.rule)}")
+        subfolders = _subfolders(inbox.path)
+        for rel in ["", *subfolders[:RULE_FOLDERS_LISTED]]:
+            found, by_name = inbox.folder_rules(rel)
+            gets = f'rule {found[0]} "{found[1].match}"' if found else "the inbox's own settings"
+            first = "".join(f'; files matching "{rule.match}": rule {number}' for number, rule in by_name)
+            click.echo(f"    {rel + '/' if rel else '(top level)'} → {gets}{first}")
+        if len(subfolders) > RULE_FOLDERS_LISTED:
+            click.echo(f"    ... and {len(subfolders) - RULE_FOLDERS_LISTED} more folders")
+
+
+RULE_FOLDERS_LISTED = 200
+
+
+def _subfolders(root: Path) -> list[str]:
+    """Sub-folders of an inbox, relative and sorted, without chandrad's own or hidden ones."""
+    found: list[str] = []
+    for folder, dirs, _files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        if folder != str(root):
+            found.append(Path(folder).relative_to(root).as_posix())
+        if len(found) > RULE_FOLDERS_LISTED * 5:
+            break
+    return sorted(found)
+
+
+hf_home_option = click.option(
+    "--hf-home",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Hugging Face home holding the model (default: $HF_HOME; for root, the service's "
+    "/var/cache/chandrad/huggingface; else ~/.cache/huggingface).",
+)
+
+
+@main.command("fetch-model")
+@click.argument("model", required=False)
+@click.option("--revision", default=None, help="Branch, tag or commit of the model (default: main).")
+@hf_home_option
+@config_option
+def fetch_model(model: str | None, revision: str | None, hf_home: Path | None, config_path: Path | None) -> None:
+    """Download MODEL (default: engine.model) into the cache the service reads; run again to resume."""
+    from chandrad import modelfiles
+
+    settings = _load(config_path)
+    configure_logging(settings.log_format, settings.log_level, settings.journal_socket)
+    model = model or settings.engine.model
+    if not modelfiles.is_hub_id(model):
+        click.echo(f"{model} is a local folder: nothing to download")
+        return
+    hub_cache = modelfiles.hub_cache_for_admin(hf_home)
+    progress = modelfiles.FetchProgress(bar=sys.stderr.isatty())
+    try:
+        folder = modelfiles.fetch_model(
+            model, hub_cache, revision=revision, progress=progress, owner=modelfiles.service_owner(hub_cache)
+        )
+    except modelfiles.ModelFilesError as error:
+        click.echo(f"chandrad: {error}", err=True)
+        sys.exit(EXIT_FAILED)
+    except KeyboardInterrupt:
+        click.echo("chandrad: interrupted; what arrived is kept: run the same command again to continue", err=True)
+        sys.exit(130)
+    click.echo(f"{model}: {folder}")
 
 
 @main.command()
 @config_option
-def check(config_path: Path | None) -> None:
-    """Check the configuration, folders and tools; exit 1 if something would stop chandrad."""
+@hf_home_option
+def check(config_path: Path | None, hf_home: Path | None) -> None:
+    """Check the configuration, folders, tools and model; exit 1 if something would stop chandrad."""
     settings = _load(config_path)
     problems = 0
 
@@ -247,6 +490,7 @@ def check(config_path: Path | None) -> None:
         report(True, "folders", ", ".join(str(inbox.path) for inbox in settings.inbox))
     except ConfigError as error:
         report(False, "folders", str(error))
+    _print_rules(settings)
     for tool, args in (("gs", ["--version"]), ("pdftoppm", ["-v"]), ("pdfinfo", ["-v"]), ("tesseract", ["--version"])):
         path = shutil.which(tool)
         if path is None:
@@ -260,4 +504,15 @@ def check(config_path: Path | None) -> None:
         report(True, "engine", engine.name)
     except ConfigError as error:
         report(False, "engine", str(error))
+    if settings.engine.kind != "tesseract" and not settings.engine.url:
+        from chandrad import modelfiles
+
+        gpus = modelfiles.visible_gpus()
+        hub_cache = modelfiles.hub_cache_for_admin(hf_home)
+        will_use_gpu = settings.engine.kind == "vllm" or cuda_gpu_visible()
+        for line in modelfiles.check_model(settings.engine, hub_cache, gpus, will_use_gpu=will_use_gpu):
+            if line.level == "warn":
+                click.echo(f"[warn] {line.what}: {line.detail}")
+            else:
+                report(line.level == "ok", line.what, line.detail)
     sys.exit(EXIT_FAILED if problems else 0)

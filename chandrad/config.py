@@ -201,6 +201,21 @@ class InboxSettings(_Strict):
                 return number, rule
         return None
 
+    def folder_rules(self, rel_folder: str) -> tuple[tuple[int, InboxRule] | None, list[tuple[int, InboxRule]]]:
+        """For ``chandrad check``: the rule every file directly in ``rel_folder`` gets ("" is the
+        inbox's top level; None: the inbox's own settings), and the earlier rules that take some
+        of its files first by their names (such as ``**/*.tif``)."""
+        prefix = f"{rel_folder.strip('/')}/" if rel_folder.strip("/") else ""
+        anything = prefix + "\x01\x01name"  # stands for any name: matched by * and **, never by *.tif
+        by_name: list[tuple[int, InboxRule]] = []
+        for number, rule in enumerate(self.rule, start=1):
+            if glob_matches(rule.match, anything):
+                return (number, rule), by_name
+            head, _, last = rule.match.rpartition("/")
+            if last != "**" and glob_matches(f"{head}/*" if head else "*", anything):
+                by_name.append((number, rule))
+        return None, by_name
+
     def effective(self, rel_path: str) -> InboxSettings:
         """This inbox's settings as they apply to the file at ``rel_path``: the first matching
         rule's keys over the inbox's own. The one place rules are resolved; applying it twice

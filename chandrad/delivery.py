@@ -257,11 +257,23 @@ class Deliverer:
                 await self._record(settings, delivery, attempt)
         except asyncio.CancelledError:
             raise  # stopping: the delivery stays pending and is sent after the restart
-        except Exception:
+        except Exception as error:
             log.exception("delivery attempt crashed; it stays pending", delivery=delivery.id)
+            await self._postpone(delivery, f"internal error: {type(error).__name__}: {error}")
         finally:
             self._in_hand.discard(delivery.id)
             self._wake.set()
+
+    async def _postpone(self, delivery: Delivery, why: str) -> None:
+        """After a bug in an attempt: try again after the longest backoff, not at once and forever."""
+        journal, next_at = self._journal, self._clock() + self._settings().delivery.backoff_max_seconds
+        try:
+            await journal.call(
+                journal.delivery_attempted, delivery.id, "pending", next_attempt_at=next_at, status=None, error=why
+            )
+        except Exception:
+            log.exception("cannot record the crashed attempt", delivery=delivery.id)
+        heapq.heappush(self._retries_at, next_at)
 
     async def _send(self, client: httpx.AsyncClient, settings: Settings, delivery: Delivery) -> Attempt:
         if delivery.kind == "webhook":
@@ -281,7 +293,7 @@ class Deliverer:
         if attempt.ok:
             await journal.call(journal.delivery_attempted, delivery.id, "delivered", **fields)
             self._count(delivery.kind, "delivered")
-            log.info("delivered", event=delivery.event, attempts=attempts, status=attempt.status)
+            log.info("delivered", outcome=delivery.event, attempts=attempts, status=attempt.status)
             return
         give_up = self._give_up_reason(settings, delivery, attempt, attempts, now)
         if give_up is not None:
@@ -293,7 +305,7 @@ class Deliverer:
                 status=attempt.status,
                 error=attempt.error,
                 attempts=attempts,
-                event=delivery.event,
+                outcome=delivery.event,
             )
             return
         config = settings.delivery
