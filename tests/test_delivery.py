@@ -32,6 +32,7 @@ from chandrad.config import HookSettings, InboxSettings, Settings, WebhookSettin
 from chandrad.delivery import Deliverer
 from chandrad.errors import ConfigError
 from chandrad.journal import Delivery, Journal, NewDelivery
+from chandrad.metrics import Metrics
 from tests.conftest import DaemonProcess, corpus_file, drop, wait_for
 from tests.reliability.chaoslib import simple_pdf
 
@@ -332,10 +333,16 @@ def states(journal: Journal) -> list[str]:
 async def test_408_and_429_are_retried_until_the_receiver_takes_it(tmp_path, journal, receivers):
     receiver = receivers(answer=lambda n: [408, 429, 200][n]).start()
     published_with(journal, "a.pdf", NewDelivery("webhook", "r", "published", '{"a":1}'))
-    deliverer = Deliverer(lambda: settings_for(tmp_path, receiver.url), journal)
+    metrics = Metrics()
+    deliverer = Deliverer(lambda: settings_for(tmp_path, receiver.url), journal, metrics)
     await deliver_until(deliverer, lambda: states(journal) == ["delivered"])
     [row] = journal.deliveries()
     assert (row.attempts, row.last_status, len(receiver.requests)) == (3, 200, 3)
+    counted = {
+        outcome: metrics.registry.get_sample_value("chandrad_deliveries_total", {"kind": "webhook", "outcome": outcome})
+        for outcome in ("retried", "delivered", "failed")
+    }
+    assert counted == {"retried": 2.0, "delivered": 1.0, "failed": None}
 
 
 async def test_a_429_with_retry_after_waits_at_least_that_long(tmp_path, journal, receivers):
