@@ -4,6 +4,8 @@ and measure the GPU's own ceilings.
 
   python bench/profile_gpu.py summarise TRACE_DIR_OR_FILE [--record R.json] --out S.json
       [--prompt-tokens 5017] [--output-tokens 1500]
+  python bench/profile_gpu.py regroup S.json --out S2.json   (the rules again, no trace needed when
+                                                         its top kernels hold all the kernel time)
   python bench/profile_gpu.py ceilings --out C.json      (on the GPU: GEMM TFLOP/s, copy GB/s,
                                                          the vision encoder's attention per backend)
 
@@ -59,7 +61,10 @@ GDN_EITHER = r"gdn_gating|gated_delta"
 
 # (scope, pattern, group); first match wins. Scope "pre" = launched inside a step, outside
 # forward/postprocess/sample (the vision encoder and embedding gather run there).
+INPUT_PREP = r"memcpy|memset|batch_memcpy|slot_mapping|zero_kv_blocks|prepare_varlen"
+
 GROUP_RULES: list[tuple[str, str, str]] = [
+    ("pre", INPUT_PREP, "input_prep"),
     ("pre", ATTN, "vision_attention"),
     ("pre", GEMM, "vision_gemm"),
     ("pre", r".", "vision_other"),
@@ -88,12 +93,15 @@ REPORT_GROUPS = [
     ("full attention, mixed steps (prefill + the decodes riding along)", ["full_attention_mixed"]),
     ("full attention, decode-only steps", ["full_attention_decode"]),
     ("sampling", ["sampling"]),
+    ("input preparation (copies of the batch's metadata, slot mapping; GDN state copies)", ["input_prep"]),
     ("other LM (norms, activations, rotary, gating; fused Triton)", ["lm_other"]),
     ("outside steps", ["outside_steps"]),
 ]
 
 
 def classify(scope: str, name: str, step_type: str) -> str:
+    if scope == "pre" and step_type == "decode":
+        return "input_prep"  # no image is encoded in a step without prompt tokens
     for rule_scope, pattern, group in _RULES:
         if rule_scope == scope and pattern.search(name):
             return group.format(step=step_type if step_type else "decode")
@@ -315,6 +323,41 @@ def summarise(trace: dict[str, Any], prompt_tokens: int, output_tokens: int, top
     return out
 
 
+def regroup(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary with groups, report and per-step-type group times recomputed from top_kernels
+    under the current GROUP_RULES (only where top_kernels hold all the kernel time)."""
+    covered = sum(k["ms"] for k in summary["top_kernels"])
+    if abs(covered - summary["kernel_time_ms"]) > 0.01 * summary["kernel_time_ms"]:
+        raise SystemExit(f"top_kernels hold {covered:.1f} of {summary['kernel_time_ms']} ms: summarise the trace again")
+    window = summary["window_ms"]
+    by_group: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    per_type: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for k in summary["top_kernels"]:
+        k["group"] = classify(k["scope"], k["name"], k["step"])
+        by_group[k["group"]] += k["ms"]
+        counts[k["group"]] += k["count"]
+        if k["step"]:
+            per_type[k["step"]][k["group"]] += k["ms"]
+    total = sum(by_group.values())
+    summary["groups"] = {g: {"ms": round(ms, 2), "frac_of_kernel_time": round(ms / total, 4),
+                             "frac_of_window": round(ms / window, 4), "kernels": counts[g]}
+                         for g, ms in sorted(by_group.items(), key=lambda kv: -kv[1])}
+    for name, groups in per_type.items():
+        if name in summary["step_types"]:
+            summary["step_types"][name]["groups_ms"] = {g: round(ms, 2) for g, ms in
+                                                        sorted(groups.items(), key=lambda kv: -kv[1])}
+    idle_rows = [row for row in summary["report"] if row["group"].startswith("idle")]
+    report = []
+    for label, keys in REPORT_GROUPS:
+        ms = sum(by_group.get(k, 0.0) for k in keys)
+        report.append({"group": label, "keys": keys, "ms": round(ms, 2), "pct_of_window": round(100 * ms / window, 2)})
+    summary["report"] = report + idle_rows
+    summary["rules"] = GROUP_RULES
+    summary["regrouped"] = True
+    return summary
+
+
 def table(summary: dict[str, Any]) -> str:
     lines = [f"window {summary['window_ms']} ms, GPU busy {100 * summary['gpu_busy_frac']:.1f} %, "
              f"{summary['steps']} steps, {summary['kernels']} kernels "
@@ -466,11 +509,22 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out", required=True)
     s.add_argument("--prompt-tokens", type=int, default=5017)
     s.add_argument("--output-tokens", type=int, default=1500)
+    r = sub.add_parser("regroup", help="re-apply GROUP_RULES to a summary whose top_kernels hold all its kernel time")
+    r.add_argument("summary")
+    r.add_argument("--out", required=True)
     c = sub.add_parser("ceilings")
     c.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     if a.cmd == "ceilings":
         ceilings(a.out)
+        return 0
+    if a.cmd == "regroup":
+        with open(a.summary) as handle:
+            summary = json.load(handle)
+        regrouped = regroup(summary)
+        with open(a.out, "w") as handle:
+            json.dump(regrouped, handle, indent=1)
+        print(table(regrouped))
         return 0
     t = time.perf_counter()
     trace = load_trace(a.trace)
