@@ -31,7 +31,9 @@
 #                                     done), then the bare engine on the same pages (--phases daemon,bare, one
 #                                     compile cache: the second start is warm); the trace is grouped by
 #                                     bench/profile_gpu.py while the bare engine runs; $OUT/NAME.json,
-#                                     NAME-profile.json (+ .txt), NAME.log, NAME-daemon.log
+#                                     NAME-profile.json (+ .txt), NAME.log, NAME-daemon.log; DELAY=SECONDS
+#                                     waits that long after AFTER pages (DELAY=40 with AFTER=1 and one wave of
+#                                     192 pages: a decode-only window); the trace itself only if < 15 MB gzipped
 #   bench/gpu.sh pair NAME [opts]     one setting, bare vs daemon one after the other on ONE GPU, same pages,
 #                                     one compile cache (/root/vcache): $OUT/NAME.json (tune needs two GPUs)
 # The chandrad measured is the working tree that travelled with the call (SRC, committed first).
