@@ -35,6 +35,11 @@ pytestmark = pytest.mark.vllm
 # (one per 32x32 px): a 224x224 page needs 1700 in all, a page at max_pixels 1907.
 SMALL_PAGE, BIG_PAGE = (224, 224), (1024, 1024)
 TIGHT_MAX_MODEL_LEN = 1800
+# Through prepare, an image's short side is scaled up to 1 536 px (Chandra's rule): with max_pixels
+# at 4 MP, a square page becomes ~2 300 image tokens (~3 970 in all), a 1 536 × 2 600 one ~3 760
+# (~5 400): only the second is over PREPARED_TIGHT_MAX_MODEL_LEN.
+PREPARED_SMALL_PAGE, PREPARED_BIG_PAGE = (300, 300), (300, 508)
+PREPARED_TIGHT = {"max_model_len": 4500, "max_pixels": 4_000_000, "max_num_batched_tokens": 8192}
 
 
 def make_tiny_model(tmp_path_factory: pytest.TempPathFactory, arch: str) -> Path:
@@ -343,15 +348,15 @@ def test_engines_left_running_by_a_killed_chandrad_are_ended_by_the_next_start(d
 
 def test_a_page_that_does_not_fit_fails_alone_and_the_daemon_keeps_going(daemon_factory, tiny_model, tmp_path):
     daemon = daemon_factory(
-        engine_config=engine_toml(tiny_model, max_model_len=TIGHT_MAX_MODEL_LEN, max_num_batched_tokens=2048),
+        engine_config=engine_toml(tiny_model, **PREPARED_TIGHT),
         extra_config="max_page_error_rate = 0.5",
     ).start()
     mixed = tmp_path / "mixed.tiff"
-    frames = [Image.new("RGB", SMALL_PAGE, "white"), Image.new("RGB", BIG_PAGE, "white")]
+    frames = [Image.new("RGB", PREPARED_SMALL_PAGE, "white"), Image.new("RGB", PREPARED_BIG_PAGE, "white")]
     frames[0].save(mixed, save_all=True, append_images=frames[1:])
     drop(mixed, daemon.inbox)
-    drop(png(tmp_path / "poster.png", BIG_PAGE), daemon.inbox)
-    drop(png(tmp_path / "note.png", SMALL_PAGE), daemon.inbox)
+    drop(png(tmp_path / "poster.png", PREPARED_BIG_PAGE), daemon.inbox)
+    drop(png(tmp_path / "note.png", PREPARED_SMALL_PAGE), daemon.inbox)
     wait_for(lambda: daemon.settled_all(3), 180, "all three documents")
     assert daemon.states() == {"mixed.tiff": "published", "poster.png": "failed", "note.png": "published"}
     report = json.loads((daemon.failed / "poster.png.error.json").read_text())
