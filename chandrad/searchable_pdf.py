@@ -50,6 +50,7 @@ __all__ = [
     "build_searchable_pdf",
     "page_text_lines",
     "placed_lines",
+    "searchable_base",
 ]
 
 # One line of a block: [x0, y0, x1, y1, n, s, wx0, wx1, wx0, wx1, ...] in page-image pixels. The
@@ -784,13 +785,18 @@ def _text_layer(frame: _Frame, layer: PageLayer, font: str) -> tuple[bytes, int]
 
 
 def _show(builder: ContentStreamBuilder, frame: _Frame, line: PlacedLine, text: str, a: float, b: float) -> None:
-    """One string whose glyph boxes span pixels a..b of the line: baseline 4/5 down, font size its height."""
+    """One string whose glyph boxes span pixels a..b of the line: baseline 4/5 down, font size its height.
+
+    A skewed line is drawn as level words at the line's height under each word's middle: glyphs
+    on one baseline are what text extraction joins into one word.
+    """
     height = line.bottom - line.top
-    drop = height * _ASCENT / (_ASCENT - _DESCENT)
-    origin = frame.point(a, line.top_at(a) + drop)
-    end = frame.point(b, line.top_at(b) + drop)
-    up = frame.point(a, line.top_at(a))
-    low = frame.point(a, line.top_at(a) + height)
+    top = line.top_at((a + b) / 2)
+    baseline = top + height * _ASCENT / (_ASCENT - _DESCENT)
+    origin = frame.point(a, baseline)
+    end = frame.point(b, baseline)
+    up = frame.point(a, top)
+    low = frame.point(a, top + height)
     length = math.hypot(end[0] - origin[0], end[1] - origin[1])
     size = math.hypot(up[0] - low[0], up[1] - low[1])
     if length <= 0 or size <= 0:
@@ -1256,7 +1262,34 @@ class PdfReport:
 
 
 class PageCountMismatch(ValueError):
-    """The page results do not match the document's pages."""
+    """The page results do not match the document's pages (their number, or a page's shape)."""
+
+
+def searchable_base(original: Path, rendered_from: Path, password: str | None = None) -> Path:
+    """The PDF to put the text on: the original when ``prepare`` rendered a Ghostscript rewrite of it
+    only to flatten its form fields (lossless), so that its pages stay as they were; the rewrite when
+    the original cannot be opened or does not have the rewrite's pages (repaired, lossy compress:
+    the caller passes the rewrite then). Blocking."""
+    if original == rendered_from:
+        return original
+    try:
+        with Pdf.open(original, password=password or "") as first, Pdf.open(rendered_from) as second:
+            if len(first.pages) != len(second.pages):
+                return rendered_from
+            for a, b in zip(first.pages, second.pages, strict=True):
+                if abs(_aspect(a.obj) - _aspect(b.obj)) > 0.01:
+                    return rendered_from
+    except (pikepdf.PdfError, OSError):
+        return rendered_from
+    return original
+
+
+def _aspect(page: pikepdf.Object) -> float:
+    """The displayed page's width / height (MediaBox, /Rotate)."""
+    frame = _page_frame(page, 1, 1)
+    x0, y0, x1, y1 = frame.box
+    width, height = (y1 - y0, x1 - x0) if frame.rotate in (90, 270) else (x1 - x0, y1 - y0)
+    return width / max(height, 1e-9)
 
 
 def build_searchable_pdf(
@@ -1306,6 +1339,11 @@ def build_searchable_pdf(
             if not any(block_tokens(chunk) for chunk in layer.chunks):
                 continue
             frame = _page_frame(page.obj, layer.width, layer.height)
+            if abs(_aspect(page.obj) - layer.width / max(layer.height, 1)) > 0.02:
+                raise PageCountMismatch(
+                    f"page {number} is shaped {_aspect(page.obj):.3f}, its image {layer.width}×{layer.height}: "
+                    f"not the page the layout was read from"
+                )
             name = page.add_resource(font_ref, Name.Font, prefix="FChandrad")
             content, words = _text_layer(frame, layer, str(name))
             if words:

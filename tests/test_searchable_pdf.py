@@ -1,0 +1,505 @@
+"""The searchable PDF, proven with real tools: corpus pages prepared as the daemon prepares them, read
+by the real tesseract engine, parsed by chandra, built into a PDF, then checked by qpdf, pdftoppm and
+pdftotext.
+
+The corpus subset (OCR dominates the run time, ~1 min on 2 cores): linn.pdf (two columns), skew.pdf,
+ccitt.pdf (CCITT G4), signed.pdf (signed, owner-password encrypted), multi-page-digital.pdf (a text
+layer of its own), cardinal.pdf (four /Rotate values), multi-page-images.tiff (three frames),
+typewriter.png (1-bit palette PNG), simple-no-dpi.png; plus a four-orientation copy of linn made here
+whose pages all display upright (content stored turned, /Rotate turning it back, one MediaBox offset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from html import unescape
+from pathlib import Path
+
+import numpy as np
+import pikepdf
+import pytest
+from chandra.output import parse_chunks, parse_markdown
+from PIL import Image, ImageOps, ImageSequence
+
+from chandrad import searchable_pdf as sp
+from chandrad.config import PrepareSettings
+from chandrad.engine.base import PageRequest
+from chandrad.engine.tesseract import TesseractEngine
+from chandrad.prepare import prepare_document
+from chandrad.testing import render_pages
+from tests.conftest import corpus_file
+
+PDFS = ["linn.pdf", "skew.pdf", "ccitt.pdf", "signed.pdf", "multi-page-digital.pdf", "cardinal.pdf"]
+IMAGES = ["multi-page-images.tiff", "typewriter.png", "simple-no-dpi.png"]
+ROTATED = "rotated-linn.pdf"
+# cardinal.pdf's pages 2 and 4 are scans lying on their side (the file has no /Rotate at all):
+# tesseract reads their lines running up or down the page, and the layer sets text in level lines.
+SIDEWAYS = {("cardinal.pdf", 2), ("cardinal.pdf", 4)}
+
+
+def _need(tool: str) -> None:
+    if shutil.which(tool) is None:
+        pytest.fail(f"{tool} is missing: scripts/setup.sh test installs it (qpdf, poppler-utils)")
+
+
+@dataclass
+class Read:
+    """One corpus document as the daemon would have it at publish time."""
+
+    source: Path  # what the pages were rendered from (prepared.source)
+    original: Path
+    doc_type: str
+    images: list[Image.Image]
+    htmls: list[str]
+    layers: list[sp.PageLayer]
+
+
+def _rotated_linn(target: Path) -> Path:
+    """linn's page four times, its content stored turned by 0/90/180/270° and /Rotate turning it back
+    upright; a fifth page turned by 90° in a MediaBox that does not start at the origin."""
+    with pikepdf.open(corpus_file("linn.pdf")) as source, pikepdf.new() as out:
+        w, h = 612, 792
+        turns = [
+            (0, (1, 0, 0, 1, 0, 0), [0, 0, w, h]),
+            (90, (0, 1, -1, 0, h, 0), [0, 0, h, w]),
+            (180, (-1, 0, 0, -1, w, h), [0, 0, w, h]),
+            (270, (0, -1, 1, 0, 0, w), [0, 0, h, w]),
+            (90, (0, 1, -1, 0, h + 30, 40), [30, 40, 30 + h, 40 + w]),
+        ]
+        for rotate, matrix, box in turns:
+            out.pages.append(source.pages[0])
+            page = out.pages[-1]
+            page.contents_add(out.make_stream(b"q %g %g %g %g %g %g cm\n" % matrix), prepend=True)
+            page.contents_add(out.make_stream(b"\nQ\n"), prepend=False)
+            page.MediaBox = box
+            page.Rotate = rotate
+        out.save(target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Read]:
+    """Every document of the subset prepared, rendered and read by tesseract (two pages at a time)."""
+    for tool in ("tesseract", "pdftoppm", "pdfinfo"):
+        _need(tool)
+    root = tmp_path_factory.mktemp("corpus")
+    settings = PrepareSettings()
+    files = {name: corpus_file(name) for name in PDFS + IMAGES}
+    files[ROTATED] = _rotated_linn(root / ROTATED)
+
+    async def read(engine: TesseractEngine, name: str, path: Path) -> Read:
+        prepared = await asyncio.to_thread(prepare_document, path, root / f"work-{name}", "lossless", settings)
+        pages = await asyncio.to_thread(lambda: list(render_pages(prepared, settings)))
+        results = await asyncio.gather(*(engine.ocr(PageRequest(name, page.page_no, page.image)) for page in pages))
+        images = [page.image for page in pages]
+        htmls = [result.html for result in results]
+        layers = []
+        for image, html in zip(images, htmls, strict=True):
+            chunks = parse_chunks(html, image)
+            layers.append(sp.PageLayer(image.width, image.height, chunks, sp.page_text_lines(image, chunks, html)))
+        base = sp.searchable_base(path, prepared.source) if prepared.doc_type == "pdf" else path
+        return Read(base, path, prepared.doc_type, images, htmls, layers)
+
+    async def read_all() -> dict[str, Read]:
+        engine = TesseractEngine(concurrency=2)
+        await engine.start()
+        reads = await asyncio.gather(*(read(engine, name, path) for name, path in files.items()))
+        return dict(zip(files, reads, strict=True))
+
+    return asyncio.run(read_all())
+
+
+@pytest.fixture(scope="module")
+def built(corpus: dict[str, Read], tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, sp.PdfReport]]:
+    root = tmp_path_factory.mktemp("built")
+    out = {}
+    for name, read in corpus.items():
+        target = root / f"{name}.pdf"
+        report = sp.build_searchable_pdf(
+            read.source,
+            read.doc_type,
+            read.layers,
+            target,
+            pdfa=True,
+            replace_text=False,  # type: ignore[arg-type]
+        )
+        out[name] = (target, report)
+    return out
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+
+
+def _renders(pdf: Path, dpi: float, folder: Path, tag: str) -> list[np.ndarray]:
+    folder.mkdir(parents=True, exist_ok=True)
+    result = _run("pdftoppm", "-r", f"{dpi:g}", str(pdf), str(folder / tag))
+    assert result.returncode == 0, result.stderr
+    files = sorted(folder.glob(f"{tag}-*.ppm"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+    return [np.asarray(Image.open(f).convert("RGB"), dtype=np.int16) for f in files]
+
+
+_WORD = re.compile(r"\w+")
+
+
+def _words(text: str) -> list[str]:
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+def _markdown_words(html: str) -> list[str]:
+    markdown = re.sub(r"!\[[^\]]*\]\([^)]*\)", " ", parse_markdown(html))  # image links are no page text
+    return _words(unescape(markdown))
+
+
+def _recall(expected: list[str], found: list[str]) -> float:
+    """Order-insensitive recall: the share of expected words found (with multiplicity)."""
+    pool: dict[str, int] = {}
+    for word in found:
+        pool[word] = pool.get(word, 0) + 1
+    hits = 0
+    for word in expected:
+        if pool.get(word, 0) > 0:
+            pool[word] -= 1
+            hits += 1
+    return hits / len(expected) if expected else 1.0
+
+
+@dataclass
+class BoxWord:
+    text: str
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+
+
+def _bbox_words(pdf: Path, page: int) -> tuple[float, float, list[BoxWord]]:
+    """pdftotext -bbox's words of one page, in points of the displayed page, and that page's size
+    (pdftotext gives the MediaBox's unturned size but the words' places on the turned page)."""
+    result = _run("pdftotext", "-bbox", "-f", str(page), "-l", str(page), str(pdf), "-")
+    assert result.returncode == 0, result.stderr
+    size = re.search(r'<page width="([\d.]+)" height="([\d.]+)"', result.stdout)
+    assert size is not None
+    with pikepdf.open(pdf) as opened:
+        turned = int(opened.pages[page - 1].obj.get("/Rotate", 0)) % 180 == 90
+    width, height = float(size.group(1)), float(size.group(2))
+    if turned:
+        width, height = height, width
+    words = [
+        BoxWord(unescape(m.group(5)), float(m.group(1)), float(m.group(2)), float(m.group(3)), float(m.group(4)))
+        for m in re.finditer(
+            r'<word xMin="([-\d.]+)" yMin="([-\d.]+)" xMax="([-\d.]+)" yMax="([-\d.]+)">(.*?)</word>', result.stdout
+        )
+    ]
+    return width, height, words
+
+
+def _pixels(word: BoxWord, width_pt: float, height_pt: float, layer: sp.PageLayer) -> tuple[float, ...]:
+    sx, sy = layer.width / width_pt, layer.height / height_pt
+    return word.x0 * sx, word.y0 * sy, word.x1 * sx, word.y1 * sy
+
+
+def _engine_boxes(layer: sp.PageLayer) -> list[tuple[str, tuple[float, float, float, float]]]:
+    """What the PDF places for each word, from the engine's own boxes (the layer was built from them)."""
+    return [(w, line.word_box(a, b)) for line in sp.placed_lines(layer) for w, a, b in line.words]
+
+
+# -- every document --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [*PDFS, ROTATED])
+def test_a_pdf_keeps_its_pages_renders_the_same_and_is_searchable(name, corpus, built, tmp_path):
+    """qpdf --check is clean, the page count is the input's, every page renders as the input's
+    (pdftoppm at 72 dpi, mean absolute difference < 0.5/255), pdftotext finds ≥ 95 % of the
+    Markdown's words on pages given a layer, and the size stays within input + 10 % + 20 KB a page."""
+    _need("qpdf")
+    read, (pdf, report) = corpus[name], built[name]
+    check = _run("qpdf", "--check", str(pdf))
+    assert check.returncode == 0, check.stdout + check.stderr
+    with pikepdf.open(read.source, password="") as source, pikepdf.open(pdf) as out:
+        assert len(out.pages) == len(source.pages) == len(read.layers)
+    before = _renders(read.source, 72, tmp_path, "in")
+    after = _renders(pdf, 72, tmp_path, "out")
+    assert len(before) == len(after)
+    for number, (a, b) in enumerate(zip(before, after, strict=True), start=1):
+        assert a.shape == b.shape, f"page {number}"
+        assert np.abs(a - b).mean() < 0.5, f"page {number} renders differently"
+    for number in report.text_pages:
+        if (name, number) in SIDEWAYS:
+            continue  # test_sideways_lines_get_text_that_follows_them
+        text = _run("pdftotext", "-f", str(number), "-l", str(number), str(pdf), "-").stdout
+        expected = _markdown_words(read.htmls[number - 1])
+        assert _recall(expected, _words(text)) >= 0.95, f"page {number}"
+    pages = len(read.layers)
+    assert pdf.stat().st_size <= read.source.stat().st_size * 1.1 + 20_000 * pages
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_an_image_becomes_pages_that_render_as_its_frames_and_are_searchable(name, corpus, built, tmp_path):
+    """One page per frame at the frame's own DPI (300 without one), its image the frame's very pixels
+    (pdftoppm itself resamples an image drawn 1:1 by ~3/255, so the pixels are compared where they
+    are stored); pdftotext finds ≥ 95 % of the Markdown's words; qpdf --check is clean; the size
+    bound holds."""
+    _need("qpdf")
+    read, (pdf, report) = corpus[name], built[name]
+    assert _run("qpdf", "--check", str(pdf)).returncode == 0
+    with Image.open(read.original) as image:
+        frames = [ImageOps.exif_transpose(f.copy()).convert("RGB") for f in ImageSequence.Iterator(image)]
+        dpi = image.info.get("dpi", (300, 300))[0] or 300
+    with pikepdf.open(pdf) as out:
+        assert len(out.pages) == len(frames) == len(read.layers)
+        assert float(out.pages[0].mediabox[2]) == pytest.approx(frames[0].width * 72 / dpi, abs=0.01)
+    with pikepdf.open(pdf) as out:
+        for number, (frame, page) in enumerate(zip(frames, out.pages, strict=True), start=1):
+            (image,) = [pikepdf.PdfImage(x) for x in page.images.values()]
+            embedded = np.asarray(image.as_pil_image().convert("RGB"), dtype=np.int16)
+            assert (embedded == np.asarray(frame, dtype=np.int16)).all(), f"page {number}: pixels changed"
+    rendered = _renders(pdf, dpi, tmp_path, "out")
+    for number, (frame, page) in enumerate(zip(frames, rendered, strict=True), start=1):
+        assert page.shape[:2] == (frame.height, frame.width), f"page {number}"
+    for number in report.text_pages:
+        text = _run("pdftotext", "-f", str(number), "-l", str(number), str(pdf), "-").stdout
+        assert _recall(_markdown_words(read.htmls[number - 1]), _words(text)) >= 0.95, f"page {number}"
+    assert pdf.stat().st_size <= read.original.stat().st_size * 1.1 + 20_000 * len(frames)
+
+
+def test_a_multi_frame_tiff_gives_a_multi_page_pdf(built):
+    pdf, report = built["multi-page-images.tiff"]
+    with pikepdf.open(pdf) as out:
+        assert len(out.pages) == 3
+    assert report.pages == 3 and report.text_pages == [1, 2, 3]
+
+
+@pytest.mark.parametrize("name", [*PDFS, ROTATED, *IMAGES])
+def test_word_boxes_lie_on_the_page_and_inside_their_block(name, corpus, built):
+    """Each word pdftotext -bbox reports on a page given a layer lies on the page and inside one of
+    the page's layout blocks (2 px of slack: block boxes are stored in 0–1000 units)."""
+    read, (pdf, report) = corpus[name], built[name]
+    checked = 0
+    for number in report.text_pages:
+        layer = read.layers[number - 1]
+        width_pt, height_pt, words = _bbox_words(pdf, number)
+        boxes = [chunk["bbox"] for chunk in layer.chunks if sp.block_tokens(chunk)]
+        for word in words:
+            x0, y0, x1, y1 = _pixels(word, width_pt, height_pt, layer)
+            assert -1 <= x0 < x1 <= layer.width + 1 and -1 <= y0 < y1 <= layer.height + 1, (number, word)
+            assert any(b[0] - 2 <= x0 and x1 <= b[2] + 2 and b[1] - 2 <= y0 and y1 <= b[3] + 2 for b in boxes), (
+                number,
+                word,
+            )
+            checked += 1
+    assert checked > 0 or not report.text_pages  # signed.pdf, multi-page-digital.pdf keep their own text
+
+
+# -- /Rotate, offsets, orientation ----------------------------------------------------------------------
+
+
+def _placed_on_engine_words(pdf: Path, number: int, layer: sp.PageLayer) -> tuple[float, float]:
+    """(share of pdftotext's words whose centre lies in the engine's box for a word of that text,
+    share of words of 4+ letters whose box is wider than tall: text runs upright)."""
+    width_pt, height_pt, words = _bbox_words(pdf, number)
+    engine: dict[str, list[tuple[float, float, float, float]]] = {}
+    for text, box in _engine_boxes(layer):
+        engine.setdefault(text, []).append(box)
+    hits = upright = long_words = 0
+    for word in words:
+        x0, y0, x1, y1 = _pixels(word, width_pt, height_pt, layer)
+        cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+        hits += any(b[0] - 1 <= cx <= b[2] + 1 and b[1] - 1 <= cy <= b[3] + 1 for b in engine.get(word.text, []))
+        if len(word.text) >= 4:
+            long_words += 1
+            upright += (x1 - x0) > (y1 - y0)
+    return hits / max(len(words), 1), upright / max(long_words, 1)
+
+
+def test_rotated_pages_get_upright_text_on_their_words(corpus, built):
+    """Pages stored turned by 0/90/180/270° (one with a MediaBox off the origin) and shown upright by
+    /Rotate: tesseract reads each displayed page the same, and on every page the text layer's words
+    run upright on the displayed page and sit on the words tesseract found there."""
+    read, (pdf, report) = corpus[ROTATED], built[ROTATED]
+    assert report.text_pages == [1, 2, 3, 4, 5]
+    for number, layer in enumerate(read.layers, start=1):
+        assert "LinnSequencer" in parse_markdown(read.htmls[number - 1]), f"page {number}"
+        placed, upright = _placed_on_engine_words(pdf, number, layer)
+        assert placed >= 0.95 and upright >= 0.95, (number, placed, upright)
+
+
+def test_cardinal_text_is_placed_on_the_words_of_its_upright_and_upside_down_pages(corpus, built):
+    """cardinal.pdf's four orientations (as scanned: the file sets no /Rotate): every page gets a
+    layer; on the pages whose lines run across the page (upright, upside down) the words sit where
+    tesseract saw them."""
+    read, (pdf, report) = corpus["cardinal.pdf"], built["cardinal.pdf"]
+    assert report.text_pages == [1, 2, 3, 4]
+    for number, layer in enumerate(read.layers, start=1):
+        if ("cardinal.pdf", number) in SIDEWAYS:
+            continue
+        placed, upright = _placed_on_engine_words(pdf, number, layer)
+        assert placed >= 0.9 and upright >= 0.9, (number, placed, upright)
+
+
+@pytest.mark.xfail(strict=True, reason="lines running up or down the page are set as level text (not yet turned)")
+def test_sideways_lines_get_text_that_follows_them(corpus, built):
+    read, (pdf, _) = corpus["cardinal.pdf"], built["cardinal.pdf"]
+    for _, number in sorted(SIDEWAYS):
+        text = _run("pdftotext", "-f", str(number), "-l", str(number), str(pdf), "-").stdout
+        assert _recall(_markdown_words(read.htmls[number - 1]), _words(text)) >= 0.95
+
+
+# -- PDF/A ---------------------------------------------------------------------------------------------
+
+
+def _fonts(pdf: pikepdf.Pdf) -> list[pikepdf.Dictionary]:
+    found = []
+    for page in pdf.pages:
+        fonts = page.obj.get("/Resources", pikepdf.Dictionary()).get("/Font", pikepdf.Dictionary())
+        found.extend(fonts.values())
+    return found
+
+
+@pytest.mark.parametrize("name", ["linn.pdf", "typewriter.png"])
+def test_pdfa_properties_one_by_one(name, built):
+    """No PDF/A validator can be installed here (veraPDF is in no registry this project reaches), so
+    the PDF/A-2b properties are checked one by one: XMP pdfaid part 2, conformance B; a GTS_PDFA1
+    output intent with an sRGB display profile (ICC v4 or lower); every font embedded; no encryption."""
+    pdf_path, report = built[name]
+    assert report.pdfa and not report.pdfa_blockers
+    with pikepdf.open(pdf_path) as pdf:
+        assert not pdf.is_encrypted
+        assert "/Encrypt" not in pdf.trailer
+        meta = pdf.open_metadata()
+        assert meta["pdfaid:part"] == "2" and meta["pdfaid:conformance"] == "B"
+        assert pdf.Root.Metadata.get("/Filter") is None  # readable as XML without decoding
+        (intent,) = list(pdf.Root.OutputIntents)
+        assert intent.S == pikepdf.Name.GTS_PDFA1
+        profile = intent.DestOutputProfile.read_bytes()
+        assert intent.DestOutputProfile.N == 3
+        assert profile[12:16] == b"mntr" and profile[16:20] == b"RGB " and profile[36:40] == b"acsp"
+        assert profile[8] <= 4  # ICC major version
+        fonts = _fonts(pdf)
+        assert fonts
+        for font in fonts:
+            for descendant in font.get("/DescendantFonts", [font]):
+                descriptor = descendant.FontDescriptor
+                assert any(key in descriptor for key in ("/FontFile", "/FontFile2", "/FontFile3"))
+                assert descendant.get("/CIDToGIDMap") is not None  # CIDFontType2 needs one (6.2.11.3.2)
+        assert pdf.pdf_version <= "1.7"
+    assert "File is not encrypted" in _run("qpdf", "--show-encryption", str(pdf_path)).stdout
+
+
+def test_the_glyphless_font_loads_in_freetype():
+    """The embedded font program is a font FreeType (poppler's and Pillow's) reads: 0.5 em per glyph."""
+    from PIL import ImageFont
+
+    font = ImageFont.truetype(__import__("io").BytesIO(sp.glyphless_font()), 100)
+    assert font.getlength("Hello") == 250
+    assert font.getname() == ("ChandradInvisible", "Regular")
+
+
+def test_without_pdfa_the_pdf_is_plain(corpus, tmp_path):
+    read = corpus["linn.pdf"]
+    out = tmp_path / "plain.pdf"
+    report = sp.build_searchable_pdf(read.source, "pdf", read.layers, out, pdfa=False, replace_text=False)
+    assert not report.pdfa
+    with pikepdf.open(out) as pdf:
+        assert "/OutputIntents" not in pdf.Root
+        assert "pdfaid:part" not in pdf.open_metadata()
+    assert report.text_pages == [1]
+
+
+def test_what_pdfa_forbids_in_the_original_is_reported_not_claimed(tmp_path):
+    """A page painting in DeviceCMYK with no CMYK output intent cannot be PDF/A without changing it:
+    the file is written without the PDF/A identification and the report says why."""
+    source = tmp_path / "cmyk.pdf"
+    with pikepdf.new() as pdf:
+        page = pdf.add_blank_page(page_size=(200, 200))
+        page.obj.Contents = pdf.make_stream(b"0 0 0 1 k 10 10 50 50 re f")
+        pdf.save(source)
+    layer = sp.PageLayer(200, 200, [{"label": "Text", "bbox": [10, 10, 190, 40], "content": "<p>cyan key</p>"}])
+    report = sp.build_searchable_pdf(source, "pdf", [layer], tmp_path / "out.pdf", pdfa=True, replace_text=False)
+    assert not report.pdfa and any("DeviceCMYK" in reason for reason in report.pdfa_blockers)
+    with pikepdf.open(tmp_path / "out.pdf") as pdf:
+        assert "pdfaid:part" not in pdf.open_metadata()
+
+
+# -- inputs it cannot carry as they are ------------------------------------------------------------------
+
+
+def test_a_signed_encrypted_pdf_keeps_its_pages_loses_its_signature_and_its_encryption(corpus, built):
+    _read, (pdf, report) = corpus["signed.pdf"], built["signed.pdf"]
+    assert report.signature_removed and report.decrypted
+    with pikepdf.open(corpus_file("signed.pdf")) as original:
+        assert original.is_encrypted
+    with pikepdf.open(pdf) as out:
+        assert not out.is_encrypted and len(out.pages) == 1
+        fields = out.Root.get("/AcroForm", pikepdf.Dictionary()).get("/Fields", [])
+        assert all(not (f.get("/FT") == pikepdf.Name.Sig and "/V" in f) for f in fields)
+    assert report.as_json()["signature_removed"] is True
+
+
+def test_a_pdf_with_its_own_text_keeps_it_and_gets_no_second_layer(corpus, built):
+    read, (pdf, report) = corpus["multi-page-digital.pdf"], built["multi-page-digital.pdf"]
+    assert report.kept_text_pages == [1, 2, 3] and report.text_pages == []
+    assert _run("pdftotext", str(pdf), "-").stdout == _run("pdftotext", str(read.source), "-").stdout
+
+
+def test_another_ocr_layer_is_kept_unless_replace_text_then_replaced_once(corpus, built, tmp_path):
+    """An invisible text layer (ours, from a first pass) is kept as it is; with replace_text it is
+    replaced by the new one: the text is there once, not twice."""
+    read, (first, _) = corpus["linn.pdf"], built["linn.pdf"]
+    once = _words(_run("pdftotext", str(first), "-").stdout)
+    kept = sp.build_searchable_pdf(first, "pdf", read.layers, tmp_path / "kept.pdf", pdfa=True, replace_text=False)
+    assert kept.kept_text_pages == [1] and kept.text_pages == []
+    redone = sp.build_searchable_pdf(first, "pdf", read.layers, tmp_path / "redo.pdf", pdfa=True, replace_text=True)
+    assert redone.replaced_text_pages == [1] and redone.text_pages == [1]
+    assert len(_words(_run("pdftotext", str(tmp_path / "redo.pdf"), "-").stdout)) == len(once)
+
+
+def test_a_gap_page_gets_no_text(corpus, tmp_path):
+    read = corpus["cardinal.pdf"]
+    layers = [*read.layers]
+    layers[1] = sp.PageLayer(layers[1].width, layers[1].height, [], None, error="the engine gave up")
+    report = sp.build_searchable_pdf(read.source, "pdf", layers, tmp_path / "gap.pdf", pdfa=True, replace_text=False)
+    assert report.gap_pages == [2] and report.text_pages == [1, 3, 4]
+    assert _run("pdftotext", "-f", "2", "-l", "2", str(tmp_path / "gap.pdf"), "-").stdout.strip() == ""
+
+
+def test_page_results_that_do_not_match_the_pages_are_refused(corpus, tmp_path):
+    read = corpus["linn.pdf"]
+    with pytest.raises(sp.PageCountMismatch):
+        sp.build_searchable_pdf(read.source, "pdf", read.layers * 2, tmp_path / "x.pdf", pdfa=True, replace_text=False)
+
+
+# -- page_text_lines ---------------------------------------------------------------------------------------
+
+
+def test_tesseract_boxes_are_taken_as_they_are(corpus):
+    """With the tesseract engine's data-lines, each block's lines are tesseract's, word for word."""
+    read = corpus["linn.pdf"]
+    layer = read.layers[0]
+    assert layer.lines is not None
+    tokens = sum(len(sp.block_tokens(chunk)) for chunk in layer.chunks)
+    assert sum(line[4] for block in layer.lines for line in block) == tokens
+    assert all(len(line) == 6 + 2 * line[4] for block in layer.lines for line in block)
+
+
+def test_segmented_words_land_in_tesseract_boxes(corpus):
+    """Without the engine's boxes (as with Chandra), the block's pixels are segmented and the words
+    aligned: on linn.pdf ≥ 90 % of words are placed inside the box tesseract gives that word."""
+    read = corpus["linn.pdf"]
+    image, layer = read.images[0], read.layers[0]
+    truth = _engine_boxes(layer)
+    segmented = sp.PageLayer(layer.width, layer.height, layer.chunks, sp.page_text_lines(image, layer.chunks))
+    placed = _engine_boxes(segmented)
+    assert [w for w, _ in placed] == [w for w, _ in truth]
+    inside = sum(
+        t[0] <= (p[0] + p[2]) / 2 <= t[2] and t[1] <= (p[1] + p[3]) / 2 <= t[3]
+        for (_, p), (_, t) in zip(placed, truth, strict=True)
+    )
+    assert inside / len(truth) >= 0.9
