@@ -11,6 +11,7 @@ journal resumes them at the next start).
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -27,6 +28,7 @@ from chandrad.engine.processes import end_engines_left_behind
 from chandrad.errors import ConfigError
 from chandrad.journal import Journal
 from chandrad.metrics import Metrics, ObservedEngine
+from chandrad.modelfiles import FetchProgress, fetch_model_async, is_hub_id, process_hub_cache
 from chandrad.notify import Notifier
 from chandrad.pipeline import Pipeline
 from chandrad.watch import InboxWatcher, SettledFile
@@ -81,11 +83,26 @@ async def supervised(name: str, loop_fn: Callable[[], Awaitable[None]]) -> None:
             await asyncio.sleep(5)
 
 
-async def extend_start_timeout(notifier: Notifier) -> None:
-    """Loading a large model can outlast TimeoutStartSec: keep telling systemd we are working."""
+async def extend_start_timeout(notifier: Notifier, downloading: Callable[[], bool] = lambda: False) -> None:
+    """Loading a large model can outlast TimeoutStartSec: keep telling systemd we are working.
+
+    While the model downloads, arriving bytes extend it instead (``report_download``), so a
+    download that stalls stops extending it and systemd's timeout ends the start.
+    """
     while True:
-        notifier.extend_timeout(EXTEND_START_SECONDS)
+        if not downloading():
+            notifier.extend_timeout(EXTEND_START_SECONDS)
         await asyncio.sleep(EXTEND_START_SECONDS / 3)
+
+
+def report_download(notifier: Notifier) -> Callable[[FetchProgress], None]:
+    """What a start-up download tells systemd while bytes arrive: its progress, and more time."""
+
+    def report(progress: FetchProgress) -> None:  # called in the download's threads
+        notifier.status(progress.line())
+        notifier.extend_timeout(EXTEND_START_SECONDS)
+
+    return report
 
 
 class Daemon:
@@ -152,15 +169,23 @@ class Daemon:
                 "held GPU memory the new engines need)",
                 pids=left_behind,
             )
+        # The model's files first, when this engine loads them itself from the hub cache (not a
+        # local folder, not a remote server, not an engine handed in): a model not downloaded yet
+        # is fetched here with its progress in the log and systemd's STATUS.
+        fetch = None
         if self.engine is None:
             self.engine = create_engine(self.settings.engine, self.settings.state_dir)
+            if self.engine.name == "vllm" and is_hub_id(self.settings.engine.model):
+                fetch = FetchProgress(on_update=report_download(self.notifier))
         started = time.monotonic()
         self.notifier.status(f"loading the {self.engine.name} engine ({self.engine.model})")
-        keep_systemd_waiting = asyncio.create_task(extend_start_timeout(self.notifier))
+        keep_systemd_waiting = asyncio.create_task(
+            extend_start_timeout(self.notifier, lambda: fetch is not None and fetch.receiving)
+        )
         try:
             # A stop while the engine loads ends the load: it may have minutes to go (a cold start on
-            # a GPU), more than systemd's TimeoutStopSec.
-            if not await run_unless_stopped(self.engine.start(), self.should_exit):
+            # a GPU, a model to download), more than systemd's TimeoutStopSec.
+            if not await run_unless_stopped(self._load_engine(fetch), self.should_exit):
                 self.notifier.stopping()
                 log.info("stopped while the engine was loading", seconds=round(time.monotonic() - started, 1))
                 return
@@ -176,7 +201,21 @@ class Daemon:
         self.pipeline = Pipeline(self.settings, self.journal, self.observed)
         for doc_id in await self.pipeline.recover():
             self.work.put(doc_id)
+        # What the imports and the engine's start built (vLLM, torch, transformers: millions of
+        # objects) lives as long as the daemon. Left to the collector, every full collection walks
+        # all of it, on whichever thread allocates: the event loop stood still 0.1-0.24 s per
+        # collection in tests/test_event_loop.py. Frozen, full collections see only what came after.
+        gc.collect()
+        gc.freeze()
         self.started = True
+
+    async def _load_engine(self, fetch: FetchProgress | None) -> None:
+        assert self.engine is not None
+        if fetch is not None:
+            model = self.settings.engine.model
+            await fetch_model_async(model, process_hub_cache(), progress=fetch)
+            self.notifier.status(f"loading the {self.engine.name} engine ({model})")
+        await self.engine.start()
 
     async def main_loop(self) -> None:
         async with asyncio.TaskGroup() as group:
