@@ -23,7 +23,7 @@ import structlog
 from chandrad.backoff import backoff_seconds
 from chandrad.config import Settings, load_settings, prepare_folders
 from chandrad.delivery import Deliverer
-from chandrad.engine import Engine, create_engine
+from chandrad.engine import Engine, create_engine, loads_model_files
 from chandrad.engine.processes import end_engines_left_behind
 from chandrad.errors import ConfigError
 from chandrad.journal import Journal
@@ -175,7 +175,7 @@ class Daemon:
         fetch = None
         if self.engine is None:
             self.engine = create_engine(self.settings.engine, self.settings.state_dir)
-            if self.engine.name == "vllm" and is_hub_id(self.settings.engine.model):
+            if loads_model_files(self.engine) and is_hub_id(self.settings.engine.model):
                 fetch = FetchProgress(on_update=report_download(self.notifier))
         started = time.monotonic()
         self.notifier.status(f"loading the {self.engine.name} engine ({self.engine.model})")

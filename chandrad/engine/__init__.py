@@ -16,7 +16,7 @@ from chandrad.errors import ConfigError
 
 log = structlog.get_logger("chandrad.engine")
 
-__all__ = ["Engine", "PageRequest", "PageResult", "create_engine", "cuda_gpu_visible"]
+__all__ = ["Engine", "PageRequest", "PageResult", "create_engine", "cuda_gpu_visible", "loads_model_files"]
 
 
 def cuda_gpu_visible() -> bool:
@@ -24,6 +24,15 @@ def cuda_gpu_visible() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*")) or (
         shutil.which("nvidia-smi") is not None and bool(glob.glob("/proc/driver/nvidia/gpus/*"))
     )
+
+
+def loads_model_files(engine: Engine) -> bool:
+    """Whether ``engine`` loads its model's files on this machine (in-process vLLM), so that they
+    must be in this machine's hub cache before it starts. A remote server and tesseract do not."""
+    from chandrad.engine.replicas import ReplicaSet
+    from chandrad.engine.supervisor import SupervisedEngine
+
+    return isinstance(engine, SupervisedEngine | ReplicaSet)
 
 
 def create_engine(settings: EngineSettings, state_dir: Path) -> Engine:
