@@ -17,8 +17,9 @@ image and font as it is; each page gets one more content stream (the original on
 wide, embedded: the PDF/A rule), each word's string scaled horizontally to its box, a space
 glyph spanning each gap so that extraction sees the word breaks. Image inputs become one page
 per frame, the image embedded without loss (a PNG's own compressed data, a JPEG's own bytes). The
-mapping from image pixels to user space goes through the page's MediaBox (what ``pdftoppm``
-renders), its offsets and ``/Rotate``; ``/UserUnit`` scales both alike, so proportions suffice.
+mapping from image pixels to user space goes through the page's CropBox within its MediaBox (what
+PDFium, prepare's renderer, draws), their offsets and ``/Rotate``; ``/UserUnit`` scales both
+alike, so proportions suffice.
 """
 
 from __future__ import annotations
@@ -685,10 +686,17 @@ def _inherited(page: pikepdf.Object, key: str) -> Any:
 
 
 def _page_frame(page: pikepdf.Object, width: int, height: int) -> _Frame:
+    """What the page image shows: the CropBox within the MediaBox, as PDFium (prepare's renderer) renders."""
     media = _inherited(page, "/MediaBox")
     box = [float(v) for v in media] if media is not None and len(media) == 4 else [0.0, 0.0, 612.0, 792.0]
     x0, x1 = sorted(box[0::2])
     y0, y1 = sorted(box[1::2])
+    crop = _inherited(page, "/CropBox")
+    if crop is not None and len(crop) == 4:
+        cx0, cx1 = sorted(float(v) for v in crop[0::2])
+        cy0, cy1 = sorted(float(v) for v in crop[1::2])
+        if min(cx1, x1) > max(cx0, x0) and min(cy1, y1) > max(cy0, y0):
+            x0, y0, x1, y1 = max(cx0, x0), max(cy0, y0), min(cx1, x1), min(cy1, y1)
     rotate = _inherited(page, "/Rotate")
     angle = int(rotate) % 360 if rotate is not None else 0
     return _Frame((x0, y0, x1, y1), angle - angle % 90, width, height)
