@@ -15,13 +15,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, get_args
 
 import click
 import structlog
 
 from chandrad import __version__, folders
-from chandrad.config import InboxSettings, Settings, load_settings, prepare_folders
+from chandrad.config import InboxSettings, OutputFormat, Settings, load_settings, prepare_folders
 from chandrad.durable import move_durably
 from chandrad.engine import create_engine, cuda_gpu_visible
 from chandrad.errors import ConfigError
@@ -97,15 +97,32 @@ def run(config_path: Path | None) -> None:
     help="Folder that receives one sub-folder per document.",
 )
 @click.option("--engine", "engine_kind", type=click.Choice(["auto", "vllm", "tesseract"]), default=None)
+@click.option(
+    "--formats",
+    default=None,
+    help="Outputs, comma-separated, of md, html, json, pdf (the searchable PDF); default: the first inbox's.",
+)
 @config_option
-def once(files: tuple[Path, ...], output_dir: Path, engine_kind: str | None, config_path: Path | None) -> None:
+def once(
+    files: tuple[Path, ...], output_dir: Path, engine_kind: str | None, formats: str | None, config_path: Path | None
+) -> None:
     """Convert FILES once, without a daemon; originals are left where they are."""
     settings = _load(config_path)
+    overrides: dict[str, object] = {}
+    if formats is not None:
+        chosen = tuple(part.strip() for part in formats.split(",") if part.strip())
+        unknown = sorted(set(chosen) - set(get_args(OutputFormat)))
+        if unknown or not chosen:
+            click.echo(
+                f"chandrad: --formats takes md, html, json and pdf, not {', '.join(unknown) or 'nothing'}", err=True
+            )
+            sys.exit(EXIT_CONFIG)
+        overrides["formats"] = chosen
     configure_logging(settings.log_format, "warning" if settings.log_level == "info" else settings.log_level)
     if engine_kind:
         settings = settings.model_copy(update={"engine": settings.engine.model_copy(update={"kind": engine_kind})})
     try:
-        failures = asyncio.run(_convert_once(settings, files, output_dir))
+        failures = asyncio.run(_convert_once(settings, files, output_dir, overrides))
     except ConfigError as error:
         click.echo(f"chandrad: {error}", err=True)
         sys.exit(EXIT_CONFIG)
@@ -114,7 +131,9 @@ def once(files: tuple[Path, ...], output_dir: Path, engine_kind: str | None, con
     sys.exit(EXIT_FAILED if failures else 0)
 
 
-async def _convert_once(settings: Settings, files: tuple[Path, ...], output_dir: Path) -> list[tuple[str, str]]:
+async def _convert_once(
+    settings: Settings, files: tuple[Path, ...], output_dir: Path, overrides: dict[str, object]
+) -> list[tuple[str, str]]:
     from chandrad.folders import staging_root
     from chandrad.pipeline import Pipeline
 
@@ -122,18 +141,19 @@ async def _convert_once(settings: Settings, files: tuple[Path, ...], output_dir:
     failures: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="chandrad-once-") as scratch:
         scratch_path = Path(scratch)
-        inbox = InboxSettings(
-            path=scratch_path / "inbox",
-            outbox=output_dir,
-            failed=scratch_path / "failed",
-            name="once",
-            on_success="keep",
-            duplicates="reprocess",
-            **(
-                {key: getattr(template, key) for key in ("prompt_type", "formats", "compress", "pdf_password")}
-                if template
-                else {}
-            ),
+        inherited_keys = ("prompt_type", "formats", "compress", "pdf_password", "pdfa", "pdf_replace_text")
+        inherited = {key: getattr(template, key) for key in (*inherited_keys, "pdf_word_boxes")} if template else {}
+        inbox = InboxSettings.model_validate(
+            {
+                "path": scratch_path / "inbox",
+                "outbox": output_dir,
+                "failed": scratch_path / "failed",
+                "name": "once",
+                "on_success": "keep",
+                "duplicates": "reprocess",
+                **inherited,
+                **overrides,
+            }
         )
         once_settings = settings.model_copy(
             update={"state_dir": scratch_path / "state", "inbox": (inbox,), "retry_backoff_seconds": 0.0}

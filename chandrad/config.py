@@ -230,6 +230,8 @@ class InboxSettings(_Strict):
         folders = {"outbox": self.outbox, "failed": self.failed}
         if self.archive is not None:
             folders["archive"] = self.archive
+        if self.pdf_to is not None:
+            folders["pdf_to"] = self.pdf_to
         return folders
 
 

@@ -9,8 +9,10 @@ entries fsynced. Blocking: callers run these in a thread.
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -28,6 +30,38 @@ def write_synced(path: Path, data: bytes) -> None:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def fsync_file(path: Path) -> None:
+    """Make a file another writer wrote (pikepdf's save) durable."""
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def place_copy(source: Path, folder: Path, name: str, free_name: Callable[[Path, str], Path]) -> Path:
+    """Copy ``source`` into ``folder`` as ``name`` (``name (2)`` etc. when taken), whole or not at all:
+    written under ``folder/.chandrad/``, fsynced, then linked in (a link never replaces a file). An
+    identical copy already there (a retry after a crash) is the copy: returned, not repeated."""
+    makedirs_durably(folder / ".chandrad")
+    data = source.read_bytes()
+    stem, suffix = Path(name).stem, Path(name).suffix
+    for existing in folder.glob(f"{glob.escape(stem)}*{glob.escape(suffix)}"):
+        if existing.is_file() and existing.stat().st_size == len(data) and existing.read_bytes() == data:
+            return existing
+    tmp = folder / ".chandrad" / f"{name}.part"
+    write_synced(tmp, data)
+    try:
+        for _ in range(1000):
+            target = free_name(folder, name)
+            try:
+                os.link(tmp, target)
+            except FileExistsError:
+                continue  # taken between the look and the link
+            fsync_dir(folder)
+            return target
+        raise FileExistsError(f"no free name for {name} in {folder}")
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def makedirs_durably(folder: Path) -> None:

@@ -91,6 +91,7 @@ CREATE TABLE IF NOT EXISTS pages (
     image_names TEXT NOT NULL DEFAULT '[]',
     chunks TEXT NOT NULL DEFAULT '[]',
     error TEXT,
+    text_lines TEXT,
     PRIMARY KEY (doc_id, page_no)
 );
 -- The transactional outbox: one row per (document, webhook or hook) for each final state, inserted
@@ -171,12 +172,16 @@ class PageRecord:
     image_names: tuple[str, ...] = ()
     chunks: tuple[dict[str, Any], ...] = ()
     error: str | None = None  # the page could not be read: why
+    # Where each block's lines and words are on the page image (searchable_pdf.page_text_lines),
+    # measured while the image was in memory; None when no searchable PDF was asked for.
+    text_lines: Any = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> PageRecord:
         values = dict(row)
         values["image_names"] = tuple(json.loads(values["image_names"]))
         values["chunks"] = tuple(json.loads(values["chunks"]))
+        values["text_lines"] = json.loads(values["text_lines"]) if values["text_lines"] else None
         return cls(**values)
 
 
@@ -228,6 +233,7 @@ class Journal:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(SCHEMA)
+            self._add_missing_columns()
             # Take the write lock once now: another process holding it (a second daemon on this
             # state_dir, a `sqlite3` shell left in a transaction) otherwise went unnoticed until
             # the first document, whose every commit then failed after the busy timeout.
@@ -532,11 +538,17 @@ class Journal:
 
     # -- pages -----------------------------------------------------------------------------------
 
+    def _add_missing_columns(self) -> None:
+        """A journal written by an older chandrad lacks the columns added since: add them (empty)."""
+        columns = {row["name"] for row in self._db.execute("PRAGMA table_info(pages)")}
+        if "text_lines" not in columns:
+            self._db.execute("ALTER TABLE pages ADD COLUMN text_lines TEXT")
+
     def record_page(self, page: PageRecord) -> None:
         self._execute(
             "INSERT OR REPLACE INTO pages (doc_id, page_no, width, height, html, prompt_tokens, output_tokens, "
-            "finish_reason, retries, latency_s, engine, model, image_names, chunks, error) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "finish_reason, retries, latency_s, engine, model, image_names, chunks, error, text_lines) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 page.doc_id,
                 page.page_no,
@@ -553,6 +565,7 @@ class Journal:
                 json.dumps(list(page.image_names)),
                 json.dumps(list(page.chunks)),
                 page.error,
+                json.dumps(page.text_lines) if page.text_lines is not None else None,
             ),
         )
 

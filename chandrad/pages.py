@@ -15,7 +15,7 @@ from pathlib import Path
 import structlog
 from structlog.contextvars import bound_contextvars
 
-from chandrad import prepare, publish
+from chandrad import prepare, publish, searchable_pdf
 from chandrad.config import InboxSettings
 from chandrad.engine.base import PageRequest
 from chandrad.errors import DocumentError, InboxUnreachableError, PermanentError, TransientError
@@ -47,6 +47,17 @@ def _first_document_error(group: BaseExceptionGroup[BaseException]) -> BaseExcep
         if not isinstance(error, asyncio.CancelledError):
             return error
     return group.exceptions[0]
+
+
+def _page_files(
+    html: str, page: prepare.PageImage, images_dir: Path, inbox: InboxSettings
+) -> tuple[publish.RenderedPage, searchable_pdf.PageLines | None]:
+    """What is kept of a page once its image is gone (one thread hop): its figures cropped into
+    staging, its chunks, and, for a searchable PDF, where its lines and words are on the image."""
+    rendered = publish.save_page_images(html, page.image, images_dir, page.page_no)
+    if "pdf" not in inbox.formats:
+        return rendered, None
+    return rendered, searchable_pdf.page_text_lines(page.image, rendered.chunks, html, words=inbox.pdf_word_boxes)
 
 
 class PageReader:
@@ -122,9 +133,7 @@ class PageReader:
                 raise TransientError(
                     f"page {page.page_no}: the engine did not answer within {timeout:.0f} s", stage="engine"
                 ) from None
-            rendered = await asyncio.to_thread(
-                publish.save_page_images, result.html, page.image, staging / "images", page.page_no
-            )
+            rendered, text_lines = await asyncio.to_thread(_page_files, result.html, page, staging / "images", inbox)
             await journal.call(
                 journal.record_page,
                 PageRecord(
@@ -142,6 +151,7 @@ class PageReader:
                     model=engine.model,
                     image_names=rendered.image_names,
                     chunks=tuple(rendered.chunks),
+                    text_lines=text_lines,
                 ),
             )
             log.info(

@@ -22,13 +22,18 @@ import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, Literal
 
+import pikepdf
+import structlog
 from chandra.output import extract_images, parse_chunks, parse_html, parse_markdown
 from PIL import Image
 
 from chandrad import __version__
-from chandrad.durable import fsync_dir, write_synced
+from chandrad.durable import fsync_dir, fsync_file, write_synced
+from chandrad.searchable_pdf import PageCountMismatch, PageLayer, build_searchable_pdf, searchable_base
+
+log = structlog.get_logger("chandrad.publish")
 
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f/\\:*?\"<>|]+")
 _MAX_NAME_BYTES = 180
@@ -135,6 +140,7 @@ class PageOutput:
     image_names: tuple[str, ...]
     stats: dict[str, Any]
     error: str | None = None  # a page that could not be read is published as a marked gap
+    text_lines: Any = None  # searchable_pdf.page_text_lines, measured at page time (None: estimated)
 
 
 def _gap(page: PageOutput) -> str:
@@ -223,8 +229,66 @@ def stage_files(staging_dir: Path, files: dict[str, bytes]) -> None:
     fsync_dir(staging_dir)
 
 
+@dataclass(frozen=True)
+class SearchablePdfJob:
+    """What the searchable PDF is made from: the original (claimed) file, the file its pages were
+    rendered from (a Ghostscript rewrite, or the original itself), and the inbox's PDF settings."""
+
+    original: Path
+    rendered_from: Path
+    doc_type: Literal["pdf", "image"]
+    lossless: bool
+    pdfa: bool
+    replace_text: bool
+    password: str | None = None
+
+
 def stage_document(
-    staging_dir: Path, stem: str, pages: list[PageOutput], formats: Iterable[str], metadata: dict[str, Any]
+    staging_dir: Path,
+    stem: str,
+    pages: list[PageOutput],
+    formats: Iterable[str],
+    metadata: dict[str, Any],
+    pdf_job: SearchablePdfJob | None = None,
 ) -> None:
-    """Render a document's outputs and write them into its staging folder (one thread hop: both block)."""
-    stage_files(staging_dir, render_document(stem, pages, formats, metadata))
+    """Render a document's outputs and write them into its staging folder (one thread hop: all of it
+    blocks). The searchable PDF comes first: what it did (or why it could not be made) goes into the JSON."""
+    formats = set(formats)
+    staging_dir.mkdir(parents=True, exist_ok=True)
+    if "pdf" in formats and pdf_job is not None:
+        metadata = {**metadata, "pdf": _stage_searchable_pdf(staging_dir / f"{stem}.pdf", pages, pdf_job)}
+    stage_files(staging_dir, render_document(stem, pages, formats - {"pdf"}, metadata))
+
+
+def _stage_searchable_pdf(out: Path, pages: list[PageOutput], job: SearchablePdfJob) -> dict[str, Any]:
+    """Write the searchable PDF (fsynced) and return its report. A PDF that cannot be made leaves the
+    other outputs to publish: the report then says why, and the log too."""
+    if job.doc_type == "pdf":
+        # A lossy preset's rewrite is what was asked for; a lossless rewrite only repaired or
+        # flattened, and the original's pages are kept where they can be.
+        source = searchable_base(job.original, job.rendered_from, job.password) if job.lossless else job.rendered_from
+    else:
+        source = job.original
+    layers = [PageLayer(page.width, page.height, page.chunks, page.text_lines, page.error) for page in pages]
+    try:
+        report = build_searchable_pdf(
+            source,
+            job.doc_type,
+            layers,
+            out,
+            pdfa=job.pdfa,
+            replace_text=job.replace_text,
+            password=job.password if source == job.original else None,
+        )
+    except (PageCountMismatch, pikepdf.PdfError) as error:
+        out.unlink(missing_ok=True)
+        log.warning("the searchable PDF could not be made; the other outputs are published", error=str(error))
+        return {"error": f"the searchable PDF could not be made: {error}"}
+    fsync_file(out)
+    if report.signature_removed:
+        log.warning("the searchable PDF keeps the signed original's pages but not its signature")
+    if report.decrypted:
+        log.info("the searchable PDF of an encrypted original is not encrypted")
+    if report.pdfa_blockers:
+        log.warning("the searchable PDF is not PDF/A", why=report.pdfa_blockers)
+    return report.as_json()

@@ -25,13 +25,14 @@ from structlog.contextvars import bound_contextvars
 
 from chandrad import prepare, publish
 from chandrad.config import InboxSettings
-from chandrad.durable import move_durably, rename_dir_durably
+from chandrad.durable import move_durably, place_copy, rename_dir_durably
 from chandrad.errors import DiskFullError, DocumentError, PermanentError, TransientError, is_disk_full
 from chandrad.failures import Failures
 from chandrad.folders import probe
 from chandrad.intake import duplicate_of
 from chandrad.journal import Document, PageRecord
 from chandrad.pages import PageReader, check_inbox_reachable
+from chandrad.publish import SearchablePdfJob
 from chandrad.runtime import Outcome, Runtime
 
 log = structlog.get_logger("chandrad.stages")
@@ -170,10 +171,27 @@ class DocumentStages:
         metadata = publish.document_metadata(doc.id, Path(doc.rel_path).name, inbox.name, engine.name, engine.model)
         outputs = [_page_output(page) for page in pages]
         try:
-            await asyncio.to_thread(publish.stage_document, work.staging, stem, outputs, inbox.formats, metadata)
+            await asyncio.to_thread(
+                publish.stage_document, work.staging, stem, outputs, inbox.formats, metadata, self._pdf_job(work)
+            )
         except OSError as error:
             raise _outbox_error(error) from None
         await self._rename_into_outbox(work, stem)
+
+    def _pdf_job(self, work: Work) -> SearchablePdfJob | None:
+        """What the searchable PDF is made from, when the inbox asks for one."""
+        inbox, prepared = work.inbox, work.prepared
+        if "pdf" not in inbox.formats or prepared is None:
+            return None
+        return SearchablePdfJob(
+            original=work.claimed,
+            rendered_from=prepared.source,
+            doc_type=prepared.doc_type,
+            lossless=inbox.compress == "lossless",
+            pdfa=inbox.pdfa,
+            replace_text=inbox.pdf_replace_text,
+            password=inbox.pdf_password,
+        )
 
     def _check_failed_pages(self, pages: list[PageRecord], page_count: int) -> None:
         """Fail the document if more of its pages failed than max_page_error_rate allows."""
@@ -216,6 +234,8 @@ class DocumentStages:
         runtime, journal = self.runtime, self.runtime.journal
         doc = await journal.call(journal.get, work.doc.id)
         inbox = work.inbox
+        if inbox.pdf_to is not None and "pdf" in inbox.formats and doc.output_dir:
+            await self._place_pdf_copy(Path(doc.output_dir), inbox.pdf_to)
         if runtime.move_originals and doc.claimed_path is not None:
             claimed = Path(doc.claimed_path)
             if inbox.on_success == "delete":
@@ -238,6 +258,23 @@ class DocumentStages:
         await runtime.clear_leftovers(doc, inbox)
         return Outcome(doc.id, "published", Path(doc.output_dir) if doc.output_dir else None)
 
+    async def _place_pdf_copy(self, output_dir: Path, pdf_to: Path) -> None:
+        """The searchable PDF also into ``pdf_to`` (a document system's consume folder), before the
+        document is final: a crash in between places it at the next start (once: an identical copy
+        there counts as placed)."""
+        pdf = next(iter(await asyncio.to_thread(lambda: sorted(output_dir.glob("*.pdf")))), None)
+        if pdf is None:
+            return  # the PDF could not be made: the JSON says why
+        try:
+            placed = await asyncio.to_thread(place_copy, pdf, pdf_to, pdf.name, publish.free_name)
+        except OSError as error:
+            if is_disk_full(error):
+                raise DiskFullError(f"pdf_to {pdf_to}: the disk is full", stage="publish") from None
+            raise TransientError(
+                f"cannot place the PDF in pdf_to {pdf_to}: {error.strerror}", stage="publish"
+            ) from None
+        log.info("searchable PDF placed", pdf_to=str(placed))
+
 
 def _page_output(page: PageRecord) -> publish.PageOutput:
     return publish.PageOutput(
@@ -248,6 +285,7 @@ def _page_output(page: PageRecord) -> publish.PageOutput:
         chunks=list(page.chunks),
         image_names=page.image_names,
         error=page.error,
+        text_lines=page.text_lines,
         stats={
             "prompt_tokens": page.prompt_tokens,
             "output_tokens": page.output_tokens,
