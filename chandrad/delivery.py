@@ -241,8 +241,11 @@ class Deliverer:
                 wait = POLL_SECONDS
                 if self._retries_at:
                     wait = min(wait, max(self._retries_at[0] - self._clock(), 0.01))
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation
+                # that comes as the wait ends, and then this task would outlive the daemon's stop.
                 try:
-                    await asyncio.wait_for(self._wake.wait(), wait)
+                    async with asyncio.timeout(wait):
+                        await self._wake.wait()
                 except TimeoutError:
                     pass
 
@@ -465,7 +468,8 @@ def _signal_group(process: asyncio.subprocess.Process, signum: int) -> None:
 async def _end_group(process: asyncio.subprocess.Process) -> None:
     _signal_group(process, signal.SIGTERM)
     try:
-        await asyncio.wait_for(process.wait(), HOOK_KILL_GRACE_SECONDS)
+        async with asyncio.timeout(HOOK_KILL_GRACE_SECONDS):
+            await process.wait()
     except TimeoutError:
         pass
     _signal_group(process, signal.SIGKILL)  # the leader may be gone while its children live on

@@ -218,6 +218,15 @@ def journal(tmp_path: Path) -> Iterator[Journal]:
     opened.close()
 
 
+@pytest.fixture
+def reader(journal: Journal) -> Iterator[Journal]:
+    """A second connection to the same journal, for the test to read while the delivery task runs:
+    the daemon uses a connection from one thread only (``Journal.call``), and so must the test."""
+    opened = Journal(journal.path)
+    yield opened
+    opened.close()
+
+
 def test_publish_commits_the_state_and_its_deliveries_together_or_neither(journal: Journal):
     doc = journal.add_document("scans", "a.pdf", "sha-a", 1, 1)
     journal.set_state(doc.id, "publishing", claimed_path="/c/a.pdf", output_dir="/out/a")
@@ -330,12 +339,12 @@ def states(journal: Journal) -> list[str]:
     return [d.state for d in journal.deliveries(limit=10_000)]
 
 
-async def test_408_and_429_are_retried_until_the_receiver_takes_it(tmp_path, journal, receivers):
+async def test_408_and_429_are_retried_until_the_receiver_takes_it(tmp_path, journal, reader, receivers):
     receiver = receivers(answer=lambda n: [408, 429, 200][n]).start()
     published_with(journal, "a.pdf", NewDelivery("webhook", "r", "published", '{"a":1}'))
     metrics = Metrics()
     deliverer = Deliverer(lambda: settings_for(tmp_path, receiver.url), journal, metrics)
-    await deliver_until(deliverer, lambda: states(journal) == ["delivered"])
+    await deliver_until(deliverer, lambda: states(reader) == ["delivered"])
     [row] = journal.deliveries()
     assert (row.attempts, row.last_status, len(receiver.requests)) == (3, 200, 3)
     counted = {
@@ -345,37 +354,37 @@ async def test_408_and_429_are_retried_until_the_receiver_takes_it(tmp_path, jou
     assert counted == {"retried": 2.0, "delivered": 1.0, "failed": None}
 
 
-async def test_a_429_with_retry_after_waits_at_least_that_long(tmp_path, journal, receivers):
+async def test_a_429_with_retry_after_waits_at_least_that_long(tmp_path, journal, reader, receivers):
     receiver = receivers(answer=lambda n: 429 if n == 0 else 204, headers=lambda n: {"Retry-After": "1"}).start()
     published_with(journal, "b.pdf", NewDelivery("webhook", "r", "published", "{}"))
     settings = settings_for(tmp_path, receiver.url)
     settings = settings.model_copy(update={"delivery": settings.delivery.model_copy(update={"backoff_max_seconds": 5})})
-    await deliver_until(Deliverer(lambda: settings, journal), lambda: states(journal) == ["delivered"])
+    await deliver_until(Deliverer(lambda: settings, journal), lambda: states(reader) == ["delivered"])
     first, second = (request["at"] for request in receiver.requests)
     assert second - first >= 0.95, "Retry-After: 1 wins over the 0.1 s backoff"
 
 
-async def test_a_delivery_past_max_age_hours_is_given_up_after_its_failed_attempt(tmp_path, journal):
+async def test_a_delivery_past_max_age_hours_is_given_up_after_its_failed_attempt(tmp_path, journal, reader):
     published_with(journal, "c.pdf", NewDelivery("webhook", "r", "published", "{}"))
     down = f"http://127.0.0.1:{free_port()}/"
     later = time.time() + 2 * 3600  # the delivery is two hours old by this clock
     deliverer = Deliverer(lambda: settings_for(tmp_path, down, max_age_hours=1), journal, clock=lambda: later)
-    await deliver_until(deliverer, lambda: states(journal) == ["failed"])
+    await deliver_until(deliverer, lambda: states(reader) == ["failed"])
     [row] = journal.deliveries()
     assert row.attempts == 1 and "ConnectError" in (row.last_error or "")
 
 
-async def test_a_target_removed_from_the_configuration_ends_its_deliveries(tmp_path, journal, receivers):
+async def test_a_target_removed_from_the_configuration_ends_its_deliveries(tmp_path, journal, reader, receivers):
     receiver = receivers().start()
     published_with(journal, "d.pdf", NewDelivery("webhook", "gone-from-config", "published", "{}"))
     deliverer = Deliverer(lambda: settings_for(tmp_path, receiver.url), journal)
-    await deliver_until(deliverer, lambda: states(journal) == ["failed"])
+    await deliver_until(deliverer, lambda: states(reader) == ["failed"])
     assert "any more" in (journal.deliveries()[0].last_error or "")
     assert receiver.requests == []
 
 
 async def test_a_burst_of_1000_deliveries_to_a_slow_receiver_all_arrive_with_connections_and_memory_bounded(
-    tmp_path, journal, receivers
+    tmp_path, journal, reader, receivers
 ):
     receiver = receivers(delay=0.01).start()
     payload = json.dumps({"event": "published", "files": [f"doc/page-{n}.md" for n in range(20)]})
@@ -391,7 +400,7 @@ async def test_a_burst_of_1000_deliveries_to_a_slow_receiver_all_arrive_with_con
     try:
         await deliver_until(
             deliverer,
-            lambda: journal.delivery_counts() == {"delivered": 1000},
+            lambda: reader.delivery_counts() == {"delivered": 1000},
             within=150,
             probe=lambda: in_hand.append(deliverer.in_hand),
         )
@@ -636,3 +645,64 @@ def test_a_burst_of_1000_small_documents_with_a_slow_receiver_is_all_delivered_w
     assert receiver.max_open_connections <= concurrency
     assert peak_rss < 600 * 2**20, f"the daemon grew to {peak_rss / 2**20:.0f} MiB"
     assert daemon.stop() == 0
+
+
+# -- docs/integrations.md's examples work as written ---------------------------------------------
+
+
+def doc_block(language: str, containing: str) -> str:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "integrations.md").read_text()
+    blocks = [block.split("\n", 1)[1] for block in text.split("```")[1::2] if block.startswith(language + "\n")]
+    return next(block for block in blocks if containing in block)
+
+
+async def test_the_receiver_in_the_integrations_doc_takes_signed_deliveries_and_refuses_bad_signatures(
+    tmp_path, journal, reader
+):
+    script = tmp_path / "receiver.py"
+    script.write_text(doc_block("python", "X-Chandrad-Signature"))
+    port = free_port()
+    env = {**os.environ, "CHANDRAD_WEBHOOK_SECRET": SECRET, "PORT": str(port)}
+    process = await asyncio.create_subprocess_exec(sys.executable, str(script), env=env, stdout=asyncio.subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}/chandrad"
+        wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, 10, "the receiver to listen")
+        body = json.dumps({"event": "published", "doc_id": "d1", "inbox": "scans", "source": "a.pdf",
+                           "output_dir": "a", "reason": None})
+        published_with(journal, "a.pdf", NewDelivery("webhook", "signed", "published", body))
+        published_with(journal, "b.pdf", NewDelivery("webhook", "forged", "published", body))
+        settings = Settings(
+            state_dir=tmp_path,
+            webhook=(WebhookSettings(url=url, name="signed", secret=SECRET),
+                     WebhookSettings(url=url, name="forged", secret="not the secret")),
+        )
+        await deliver_until(Deliverer(lambda: settings, journal), lambda: "pending" not in states(reader))
+        outcome = {d.target: (d.state, d.last_status) for d in journal.deliveries()}
+        assert outcome == {"signed": ("delivered", 204), "forged": ("failed", 401)}
+        assert process.stdout is not None
+        assert await asyncio.wait_for(process.stdout.readline(), 10) == b"published: scans/a.pdf -> a\n"
+    finally:
+        process.kill()
+        await process.wait()
+
+
+def test_the_dms_hook_in_the_integrations_doc_copies_the_searchable_pdf(tmp_path):
+    script = tmp_path / "chandrad-to-dms"
+    script.write_text(doc_block("sh", "CHANDRAD_FILES"))
+    script.chmod(0o755)
+    outputs, consume = tmp_path / "out" / "scan", tmp_path / "consume"
+    outputs.mkdir(parents=True)
+    consume.mkdir()
+    (outputs / "scan.pdf").write_bytes(b"%PDF-1.7 searchable")
+    (outputs / "scan.md").write_text("text")
+    env = {**os.environ, "CHANDRAD_EVENT": "published", "CHANDRAD_DOC_ID": "d1", "CHANDRAD_SOURCE": "scan.pdf",
+           "CHANDRAD_FILES": f"{outputs / 'scan.md'}\n{outputs / 'scan.pdf'}"}
+    import subprocess
+
+    done = subprocess.run([str(script), str(consume)], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in consume.iterdir()] == ["d1-scan.pdf"]
+    assert (consume / "d1-scan.pdf").read_bytes() == b"%PDF-1.7 searchable"
+    without = subprocess.run([str(script), str(consume)], env={**env, "CHANDRAD_FILES": str(outputs / "scan.md")},
+                             capture_output=True, text=True, timeout=30)
+    assert without.returncode == 1 and "add \"pdf\"" in without.stderr
