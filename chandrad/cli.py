@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, get_args
 
@@ -422,8 +423,16 @@ def _put_back(journal: Journal, doc: Document, inbox: InboxSettings) -> Path:
     return claimed
 
 
-def _print_rules(settings: Settings) -> None:
-    """Which [[inbox.rule]] each existing sub-folder of an inbox gets (inboxes with rules only)."""
+def _print_rules(settings: Settings, report: Callable[[bool, str, str], None]) -> None:
+    """Each hook's program (found and executable?), each webhook, and which [[inbox.rule]] each
+    existing sub-folder of an inbox gets (inboxes with rules only)."""
+    for hook in settings.hook:
+        program = shutil.which(hook.command[0])
+        runnable = program is not None and os.access(program, os.X_OK)
+        detail = f"{program}" if runnable else f"{hook.command[0]} is not an executable program"
+        report(runnable, f"hook {hook.name}", f"{detail} ({', '.join(hook.events)})")
+    for webhook in settings.webhook:
+        report(True, f"webhook {webhook.name}", f"{', '.join(webhook.events)}{', signed' if webhook.secret else ''}")
     for inbox in settings.inbox:
         if not inbox.rule:
             continue
@@ -510,7 +519,7 @@ def check(config_path: Path | None, hf_home: Path | None) -> None:
         report(True, "folders", ", ".join(str(inbox.path) for inbox in settings.inbox))
     except ConfigError as error:
         report(False, "folders", str(error))
-    _print_rules(settings)
+    _print_rules(settings, report)
     for tool, args in (("gs", ["--version"]), ("pdftoppm", ["-v"]), ("pdfinfo", ["-v"]), ("tesseract", ["--version"])):
         path = shutil.which(tool)
         if path is None:

@@ -46,6 +46,9 @@ HOOK_OUTPUT_LINES = 200  # lines of a hook's output logged per run; the rest is 
 HOOK_LINE_CHARS = 2000
 ERROR_EXCERPT_BYTES = 300  # of a refusing receiver's answer, kept with the attempt
 
+# systemd's channels to the daemon itself: a hook is not the service and must not speak for it.
+_NOT_FOR_HOOKS = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID"})
+
 # 4xx answers that say "try again later" rather than "never".
 RETRYABLE_4XX = frozenset({408, 429})
 
@@ -404,7 +407,8 @@ async def run_hook(hook: HookSettings, delivery: Delivery) -> Attempt:
     """Run the hook's command with the delivery's CHANDRAD_* variables; its output goes to the log.
     Exit status 0 is success. Past ``timeout_seconds`` its whole process group is ended (SIGTERM,
     then SIGKILL), so that a child it started cannot linger either."""
-    environment = {**os.environ, **json.loads(delivery.payload)}
+    inherited = {key: value for key, value in os.environ.items() if key not in _NOT_FOR_HOOKS}
+    environment = {**inherited, **json.loads(delivery.payload)}
     try:
         process = await asyncio.create_subprocess_exec(
             *hook.command,

@@ -298,6 +298,21 @@ def test_webhook_hook_and_delivery_settings_are_refused_with_a_message_naming_th
         load_settings(config)
 
 
+def test_check_fails_a_hook_whose_program_is_missing_and_lists_the_webhooks(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'state_dir = "{tmp_path}/state"\n[engine]\nkind = "tesseract"\n[[inbox]]\npath = "{tmp_path}/in"\n'
+        '[[hook]]\nname = "gone"\ncommand = ["/nonexistent/to-dms"]\n'
+        '[[hook]]\nname = "ok"\ncommand = ["true"]\nevents = ["failed"]\n'
+        '[[webhook]]\nurl = "https://erp.example.com/in"\nname = "erp"\nsecret = "x"\n'
+    )
+    result = CliRunner().invoke(main, ["check", "--config", str(config)])
+    assert "[FAIL] hook gone: /nonexistent/to-dms is not an executable program" in result.stdout
+    assert "[ok] hook ok: " in result.stdout and "(failed)" in result.stdout
+    assert "[ok] webhook erp: published, failed, signed" in result.stdout
+    assert result.exit_code == 1
+
+
 def test_the_secret_is_not_in_the_settings_repr():
     assert SECRET not in repr(WebhookSettings(url="https://example.com/", secret=SECRET))
 
@@ -414,9 +429,11 @@ async def test_a_burst_of_1000_deliveries_to_a_slow_receiver_all_arrive_with_con
     assert peak < 40 * 2**20, f"memory grew with the backlog: {peak / 2**20:.1f} MiB traced at the peak"
 
 
-async def test_a_hook_gets_its_variables_and_its_output_is_logged(tmp_path, journal):
+async def test_a_hook_gets_its_variables_and_its_output_is_logged(tmp_path, monkeypatch):
+    monkeypatch.setenv("NOTIFY_SOCKET", "/run/systemd/notify")  # the daemon's, not the hook's
     out = tmp_path / "env.json"
-    script = "import json, os, sys; json.dump({k: v for k, v in os.environ.items() if k.startswith('CHANDRAD_')}, "
+    script = "import json, os, sys; json.dump({k: v for k, v in os.environ.items() if k.startswith('CHANDRAD_') "
+    script += "or k == 'NOTIFY_SOCKET'}, "
     script += "open(sys.argv[1], 'w')); print('copied', os.environ['CHANDRAD_SOURCE'])"
     hook = HookSettings(command=(sys.executable, "-c", script, str(out)), name="dms")
     environment = {"CHANDRAD_EVENT": "published", "CHANDRAD_SOURCE": "in voice/é.pdf", "CHANDRAD_FILES": "/a\n/b c"}
