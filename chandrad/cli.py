@@ -340,12 +340,14 @@ def _print_failed(failed: list[Document], as_json: bool) -> None:
         return
     if not entries:
         click.echo("no failed documents")
+        return
     for entry in entries:
         click.echo(
             f"{entry['at']}  {entry['doc']}  {entry['inbox']}/{entry['file']}  [{entry['kind']}, "
             f"{entry['attempts']} attempt(s)]\n    {entry['reason']}"
             + (f"\n    original: {entry['original']}" if entry["original"] else "")
         )
+    click.echo("(`chandrad retry DOC_ID` puts one back into processing)")
 
 
 @main.command()
