@@ -201,6 +201,7 @@ class Deliverer:
         self._metrics = metrics
         self._clock = clock
         self._in_hand: set[int] = set()
+        self._ended_meanwhile: set[int] = set()  # attempts that ended since the last query was sent
         self._wake = asyncio.Event()
         # When the retries this task scheduled fall due: it wakes for them rather than at the next poll.
         self._retries_at: list[float] = []
@@ -230,9 +231,12 @@ class Deliverer:
                 free = concurrency - len(self._in_hand)
                 if free > 0:
                     # Those in hand are still pending: ask for enough to fill every free slot anyway.
+                    self._ended_meanwhile.clear()
                     due = await journal.call(journal.due_deliveries, now, horizon, free + len(self._in_hand))
                     for delivery in due:
-                        if delivery.id not in self._in_hand and len(self._in_hand) < concurrency:
+                        # One that ended while the query ran may be read as it was before it ended.
+                        stale = delivery.id in self._ended_meanwhile
+                        if not stale and delivery.id not in self._in_hand and len(self._in_hand) < concurrency:
                             self._in_hand.add(delivery.id)
                             group.create_task(self._attempt(client, delivery))
                 if self._metrics is not None and time.monotonic() - last_gauge >= PENDING_GAUGE_SECONDS:
@@ -268,6 +272,7 @@ class Deliverer:
             await self._postpone(delivery, f"internal error: {type(error).__name__}: {error}")
         finally:
             self._in_hand.discard(delivery.id)
+            self._ended_meanwhile.add(delivery.id)
             self._wake.set()
 
     async def _postpone(self, delivery: Delivery, why: str) -> None:
