@@ -4,8 +4,9 @@ The prompt is Chandra's own (``chandra.prompts.PROMPT_MAPPING``) with the page i
 by the model's chat template; images are pre-scaled with ``chandra.model.util.scale_to_fit``.
 Generation is greedy first, then Chandra's retry ladder (rising temperature) while
 ``detect_repeat_token`` sees a loop or the engine reports a recoverable error, at most
-``max_retries`` times. An engine that died raises ``EngineDied``: the supervisor restarts it and
-sends the page again.
+``max_retries`` times. What Chandra's client leaves to vLLM's server (penalties, top_k, min_p) is
+taken from the model's generation config, as that server takes it. An engine that died raises
+``EngineDied``: the supervisor restarts it and sends the page again.
 
 vLLM is imported only in ``start``: the daemon's process never touches CUDA itself (each
 ``AsyncLLM`` runs its EngineCore in a child process with its own ``CUDA_VISIBLE_DEVICES``).
@@ -46,6 +47,12 @@ from chandrad.errors import EngineDied, PermanentError, TransientError
 log = structlog.get_logger("chandrad.engine.vllm")
 
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+# Chandra's own client sends temperature, top_p and max_tokens; vLLM's OpenAI server, which it talks
+# to, takes whatever else a request leaves unset from the model's generation_config.json (vLLM's
+# ``--generation-config auto``, the default). These are those, so that a page is decoded as
+# Chandra's pipeline decodes it (a repetition_penalty there changes even the greedy answer).
+SERVER_SAMPLING_DEFAULTS = ("repetition_penalty", "presence_penalty", "frequency_penalty", "top_k", "min_p")
 
 # How long an engine start may take to spawn its EngineCore process before the next one is spawned
 # anyway (after waiting for the first to finish loading: correct, only slower).
@@ -100,13 +107,20 @@ class _Instance:
     """One AsyncLLM and what is needed to prompt it."""
 
     def __init__(
-        self, spec: EngineSpec, llm: Any, tokenizer: Any, prompt_by_type: dict[str, str], stop_ids: list[int]
+        self,
+        spec: EngineSpec,
+        llm: Any,
+        tokenizer: Any,
+        prompt_by_type: dict[str, str],
+        stop_ids: list[int],
+        sampling_defaults: dict[str, Any] | None = None,
     ) -> None:
         self.spec = spec
         self.llm = llm
         self.tokenizer = tokenizer
         self.prompt_by_type = prompt_by_type
         self.stop_ids = stop_ids
+        self.sampling_defaults = sampling_defaults or {}
 
 
 class VllmEngine:
@@ -231,6 +245,7 @@ class VllmEngine:
         }
         vocab = tokenizer.get_vocab()
         stop_ids = [vocab[token] for token in STOP_TOKENS if token in vocab]
+        sampling_defaults = _server_sampling_defaults(llm)
         renders_off_loop = _async_renderer(llm) is not None
         log.info(
             "vllm engine started",
@@ -239,6 +254,7 @@ class VllmEngine:
             seconds=round(time.monotonic() - started, 1),
             vllm=self.vllm_version,
             prompts_rendered_in="renderer threads" if renders_off_loop else "event loop",
+            sampling_defaults=sampling_defaults or None,
         )
         if not renders_off_loop:
             log.warning(
@@ -247,7 +263,7 @@ class VllmEngine:
                 "engine.renderer_workers to apply",
                 vllm=self.vllm_version,
             )
-        return _Instance(spec, llm, tokenizer, prompts, stop_ids)
+        return _Instance(spec, llm, tokenizer, prompts, stop_ids, sampling_defaults)
 
     async def _warm_up(self) -> None:
         """One small page end to end: readiness means the engine has answered, not just loaded."""
@@ -351,15 +367,18 @@ class VllmEngine:
         prompt_rejected = (VLLMValidationError, ValueError)
         # Only the final output is wanted, as token ids: vLLM would otherwise detokenize every step
         # and build an output object per token on this event loop, which serves every page.
+        # No per-request seed, as Chandra's client sends none: a seeded request also killed the CPU
+        # build's EngineCore whenever its prefill came in chunks ("CPU Generator does not use
+        # offset": a Chandra 2 page's retry with prefix caching on).
         params = SamplingParams(
             max_tokens=max_tokens,
             temperature=temperature,
             top_p=top_p,
             stop_token_ids=instance.stop_ids,
             ignore_eos=self.settings.bench_force_max_tokens,
-            seed=attempt if temperature > 0 else None,
             output_kind=RequestOutputKind.FINAL_ONLY,
             detokenize=False,
+            **instance.sampling_defaults,
             **self._repetition_detection(),
         )
         prompt: dict[str, Any] = {
@@ -415,6 +434,16 @@ class VllmEngine:
                 min_count=self.settings.repetition_min_count,
             )
         }
+
+
+def _server_sampling_defaults(llm: Any) -> dict[str, Any]:
+    """What vLLM's OpenAI server would add from the model's generation config to Chandra's requests."""
+    model_config = getattr(llm, "model_config", None)
+    defaults = getattr(model_config, "get_diff_sampling_param", None)
+    if defaults is None:
+        return {}
+    found: dict[str, Any] = defaults()
+    return {name: found[name] for name in SERVER_SAMPLING_DEFAULTS if name in found}
 
 
 def _mm_hashes(engine_input: Any) -> list[str]:
