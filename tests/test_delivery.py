@@ -639,7 +639,7 @@ def test_a_failing_and_a_hanging_hook_leave_documents_where_they_went_and_show_a
     assert daemon.stop() == 0
 
 
-@pytest.mark.soak
+@pytest.mark.timeout(900)  # ~100 s on two cores; more under load
 def test_a_burst_of_1000_small_documents_with_a_slow_receiver_is_all_delivered_with_memory_and_connections_bounded(
     daemon_factory, receivers
 ):
@@ -664,7 +664,7 @@ def test_a_burst_of_1000_small_documents_with_a_slow_receiver_is_all_delivered_w
         rows = daemon.journal_rows("SELECT state, COUNT(*) AS n FROM deliveries GROUP BY state")
         return {row["state"]: row["n"] for row in rows} == {"delivered": 1000}
 
-    wait_for(all_delivered, 1800, "1000 deliveries", interval=1.0)
+    wait_for(all_delivered, 840, "1000 deliveries", interval=1.0)
     assert len({body["doc_id"] for body in receiver.bodies()}) == 1000
     assert receiver.max_in_progress <= concurrency, "never more requests at once than delivery.concurrency"
     # Kept-alive connections idle past httpx's expiry are replaced: the receiver may see a new one
