@@ -345,6 +345,14 @@ def descendants(pid: int) -> list[int]:
     return descendant_pids(pid)
 
 
+def _pages_in_flight(settings: Any) -> int:
+    try:
+        from chandrad.engine import pages_in_flight
+    except ImportError:  # a --src tree from before 2026-12 kept it on EngineSettings
+        return int(settings.pages_in_flight("vllm"))
+    return pages_in_flight(settings, "vllm")
+
+
 def cmdline(pid: int) -> str:
     try:
         from chandrad.testing import process_cmdline
@@ -576,7 +584,7 @@ def daemon_config(a: argparse.Namespace, settings: Any, root: Path) -> Path:
     engine = settings.model_dump(exclude_defaults=True, mode="json")
     lines = [
         f'state_dir = {toml_value(str(root / "state"))}', 'log_format = "json"', 'log_level = "info"',
-        f"max_documents_in_flight = {a.max_documents_in_flight or 2 * settings.pages_in_flight('vllm')}",
+        f"max_documents_in_flight = {a.max_documents_in_flight or 2 * _pages_in_flight(settings)}",
         f'metrics_address = "127.0.0.1:{free_port()}"',  # metrics stay on (their cost is the daemon's)
         "max_attempts = 1", "", "[engine]",
         *(f"{key} = {toml_value(value)}" for key, value in engine.items()),

@@ -24,7 +24,7 @@ import structlog
 from chandrad import __version__, folders
 from chandrad.config import InboxSettings, OutputFormat, Settings, load_settings, prepare_folders
 from chandrad.durable import move_durably
-from chandrad.engine import create_engine, cuda_gpu_visible
+from chandrad.engine import create_engine, cuda_gpu_visible, pages_in_flight
 from chandrad.errors import ConfigError
 from chandrad.failures import REPORT_SUFFIX
 from chandrad.journal import Delivery, Document, Journal
@@ -183,7 +183,7 @@ async def _convert_once(
                 else:
                     click.echo(f"{file}: {outcome.output_dir}")
 
-            sem = asyncio.Semaphore(settings.documents_in_flight(engine.name))
+            sem = asyncio.Semaphore(settings.documents_in_flight(pages_in_flight(settings.engine, engine.name)))
 
             async def bounded(file: Path, doc_id: str) -> None:
                 async with sem:

@@ -326,13 +326,6 @@ class EngineSettings(_Strict):
             )
         return self
 
-    def pages_in_flight(self, engine_name: str) -> int:
-        if self.max_pages_in_flight is not None:
-            return self.max_pages_in_flight
-        if engine_name == "tesseract":
-            return os.cpu_count() or 1
-        return self.max_num_seqs * max(1, len(self.gpus) if self.layout in ("replicas", "data-parallel") else 1)
-
 
 class PrepareSettings(_Strict):
     """How documents become page images."""
@@ -505,10 +498,12 @@ class Settings(BaseSettings):
         _check_targets(self)
         return self
 
-    def documents_in_flight(self, engine_name: str) -> int:
+    def documents_in_flight(self, pages_in_flight: int) -> int:
+        """Documents in progress at once: ``max_documents_in_flight``, else enough to keep the engine's
+        ``pages_in_flight`` busy with one-page documents (at least 4)."""
         if self.max_documents_in_flight is not None:
             return self.max_documents_in_flight
-        return max(4, self.engine.pages_in_flight(engine_name))
+        return max(4, pages_in_flight)
 
     def with_default_inbox(self) -> Settings:
         """Embedded defaults: one inbox under /srv/chandrad when none is configured."""

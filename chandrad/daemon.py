@@ -23,7 +23,7 @@ import structlog
 from chandrad.backoff import backoff_seconds
 from chandrad.config import Settings, load_settings, prepare_folders
 from chandrad.delivery import Deliverer
-from chandrad.engine import Engine, create_engine, loads_model_files
+from chandrad.engine import Engine, create_engine, loads_model_files, pages_in_flight
 from chandrad.engine.processes import end_engines_left_behind
 from chandrad.errors import ConfigError
 from chandrad.journal import Journal
@@ -371,7 +371,8 @@ class Daemon:
 
     @property
     def documents_in_flight(self) -> int:
-        return self.settings.documents_in_flight(self.engine.name if self.engine else "")
+        engine_name = self.engine.name if self.engine else ""
+        return self.settings.documents_in_flight(pages_in_flight(self.settings.engine, engine_name))
 
     def status_line(self) -> str:
         observed = self.observed

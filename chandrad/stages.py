@@ -26,6 +26,7 @@ from structlog.contextvars import bound_contextvars
 from chandrad import prepare, publish
 from chandrad.config import InboxSettings
 from chandrad.durable import move_durably, place_copy, rename_dir_durably
+from chandrad.engine import pages_in_flight
 from chandrad.errors import DiskFullError, DocumentError, PermanentError, TransientError, is_disk_full
 from chandrad.failures import Failures
 from chandrad.folders import probe
@@ -54,7 +55,7 @@ class DocumentStages:
         self.runtime = runtime
         self.failures = failures
         settings = runtime.settings
-        self.pages = PageReader(runtime, asyncio.Semaphore(settings.engine.pages_in_flight(runtime.engine.name)))
+        self.pages = PageReader(runtime, asyncio.Semaphore(pages_in_flight(settings.engine, runtime.engine.name)))
         self.prepare_slots = asyncio.Semaphore(settings.prepare.workers)
 
     async def run(self, doc_id: str) -> Outcome:

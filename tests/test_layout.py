@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from chandrad.config import EngineSettings
+from chandrad.engine import pages_in_flight
 from chandrad.engine.layout import plan_engines
 from chandrad.errors import ConfigError
 
@@ -92,9 +94,10 @@ def test_auto_layout_is_single_on_one_gpu_and_replicas_on_several():
 
 
 def test_pages_in_flight_default_follows_the_engine():
-    assert EngineSettings(max_num_seqs=64).pages_in_flight("vllm") == 64
-    assert EngineSettings(max_num_seqs=64, gpus=(0, 1), layout="replicas").pages_in_flight("vllm") == 128
-    assert EngineSettings(max_pages_in_flight=5).pages_in_flight("vllm") == 5
+    assert pages_in_flight(EngineSettings(max_num_seqs=64), "vllm") == 64
+    assert pages_in_flight(EngineSettings(max_num_seqs=64, gpus=(0, 1), layout="replicas"), "vllm") == 128
+    assert pages_in_flight(EngineSettings(max_pages_in_flight=5), "vllm") == 5
+    assert pages_in_flight(EngineSettings(), "tesseract") == (os.cpu_count() or 1)
 
 
 def test_every_engine_start_uses_one_triton_cache_unless_the_admin_chose_one(monkeypatch, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import os
 import shutil
 from functools import partial
 from pathlib import Path
@@ -16,7 +17,15 @@ from chandrad.errors import ConfigError
 
 log = structlog.get_logger("chandrad.engine")
 
-__all__ = ["Engine", "PageRequest", "PageResult", "create_engine", "cuda_gpu_visible", "loads_model_files"]
+__all__ = [
+    "Engine",
+    "PageRequest",
+    "PageResult",
+    "create_engine",
+    "cuda_gpu_visible",
+    "loads_model_files",
+    "pages_in_flight",
+]
 
 
 def cuda_gpu_visible() -> bool:
@@ -24,6 +33,16 @@ def cuda_gpu_visible() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*")) or (
         shutil.which("nvidia-smi") is not None and bool(glob.glob("/proc/driver/nvidia/gpus/*"))
     )
+
+
+def pages_in_flight(settings: EngineSettings, engine_name: str) -> int:
+    """Pages kept at the engine at once, across all documents: ``max_pages_in_flight``, else what the
+    engine reads at once at best: one per core for tesseract, ``max_num_seqs`` per vLLM engine core."""
+    if settings.max_pages_in_flight is not None:
+        return settings.max_pages_in_flight
+    if engine_name == "tesseract":
+        return os.cpu_count() or 1
+    return settings.max_num_seqs * max(1, len(settings.gpus) if settings.layout in ("replicas", "data-parallel") else 1)
 
 
 def loads_model_files(engine: Engine) -> bool:
