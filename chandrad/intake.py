@@ -136,7 +136,9 @@ class Intake:
                 "at": now_iso(self.runtime.clock()),
             }
             await self.failures.report_only(doc, inbox, entry)
-            await journal.call(journal.set_state, doc.id, "failed", error=entry, history=[entry])
+            # Failed like any other document: its webhooks and hooks are told, in the same commit.
+            deliveries = await self.runtime.deliveries(doc, self.runtime.inbox_of(doc), "failed", entry)
+            await journal.call(journal.fail, doc.id, entry, deliveries)
             return None
         doc = await journal.call(journal.set_state, doc.id, "queued", claimed_path=str(claimed))
         log.info("document queued", doc=doc.id, inbox=inbox.name, file=str(settled.rel_path), size=settled.size)
