@@ -89,6 +89,21 @@ def trace(monkeypatch: pytest.MonkeyPatch) -> Trace:
         return result
 
     monkeypatch.setattr(Journal, "set_state", set_state)
+    # The final states are committed with their deliveries, by publish and fail.
+    real_publish, real_fail = Journal.publish, Journal.fail
+
+    def publish(self, doc_id, deliveries):  # type: ignore[no-untyped-def]
+        result = real_publish(self, doc_id, deliveries)
+        recorded.add("journal", "published", {})
+        return result
+
+    def fail(self, doc_id, error, deliveries):  # type: ignore[no-untyped-def]
+        result = real_fail(self, doc_id, error, deliveries)
+        recorded.add("journal", "failed", {"error": error})
+        return result
+
+    monkeypatch.setattr(Journal, "publish", publish)
+    monkeypatch.setattr(Journal, "fail", fail)
     return recorded
 
 
