@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 import structlog
+from chandra.model.util import scale_to_fit
 from chandra.settings import settings as chandra_settings
 from PIL import Image, ImageOps, ImageSequence, UnidentifiedImageError
 
@@ -514,16 +515,28 @@ def _page_from_frame(frame: Image.Image, page_no: int, settings: PrepareSettings
 
 def _upscale_small(page: Image.Image, settings: PrepareSettings) -> Image.Image:
     """Chandra's rule for a standalone image (``chandra.input.load_image``): a short side under
-    ``MIN_IMAGE_DIM`` (1 536 px) is scaled up to it, LANCZOS. Only an extreme aspect ratio (a
-    100 × 20 000 strip would become 471 M pixels) is held to four times ``max_page_pixels``: the
-    engine's ``scale_to_fit`` brings every page under that cap's quarter anyway."""
+    ``MIN_IMAGE_DIM`` (1 536 px) is scaled up to it, LANCZOS, and its model input is that scaled
+    by ``scale_to_fit``. Both steps are taken as one here, straight to the size Chandra's pair gives
+    (``scale_to_fit``'s own arithmetic, run on the size alone): a receipt 360 × 60 px would
+    otherwise be 9 216 × 1 536 px in memory (42 MB) only to be scaled down again by the engine."""
     width, height = page.size
     short_side = min(width, height)
     if short_side >= CHANDRA_MIN_IMAGE_DIM:
         return page
     scale = CHANDRA_MIN_IMAGE_DIM / short_side
-    size = _capped_size(int(width * scale), int(height * scale), 4 * settings.max_page_pixels)
-    return page.resize(size, Image.Resampling.LANCZOS)
+    upscaled = (int(width * scale), int(height * scale))
+    final_width, final_height = scale_to_fit(_SizeOnly(upscaled)).size
+    return page.resize(_capped_size(final_width, final_height, settings.max_page_pixels), Image.Resampling.LANCZOS)
+
+
+class _SizeOnly:
+    """An image's size and nothing else, for ``scale_to_fit`` to compute the size it would resize to."""
+
+    def __init__(self, size: tuple[int, int]) -> None:
+        self.size = size
+
+    def resize(self, size: tuple[int, int], resample: object = None) -> _SizeOnly:
+        return _SizeOnly(size)
 
 
 def render_image_page(path: Path, page_no: int, settings: PrepareSettings) -> PageImage:

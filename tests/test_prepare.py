@@ -6,6 +6,7 @@ import io
 import os
 
 import pytest
+from chandra.model.util import scale_to_fit
 from PIL import Image, ImageChops
 
 from chandrad.config import PrepareSettings
@@ -135,7 +136,8 @@ def test_multi_frame_tiff_gives_one_page_per_frame_and_exif_rotation_applies(tmp
     exif[0x0112] = 6  # "rotate 90° clockwise to display"
     Image.new("RGB", (400, 200), "white").save(rotated, exif=exif)
     page = prepare_document(rotated, tmp_path / "j", "lossless", SETTINGS).render(1, SETTINGS)
-    assert page.image.size == (1536, 3072), "upright (portrait), then scaled up as Chandra scales a small image"
+    # Upright (portrait), then scaled up as Chandra scales a small image, to its model input's size.
+    assert page.image.size == scale_to_fit(Image.new("L", (1536, 3072))).size == (1540, 3080)
 
 
 def test_a_small_image_is_scaled_up_to_chandras_minimum_short_side_and_a_large_one_is_not(tmp_path):
@@ -144,8 +146,8 @@ def test_a_small_image_is_scaled_up_to_chandras_minimum_short_side_and_a_large_o
     small = tmp_path / "receipt.png"
     Image.new("RGB", (517, 147), "white").save(small)
     page = prepare_document(small, tmp_path / "s", "lossless", SETTINGS).render(1, SETTINGS)
-    # Chandra's own arithmetic, float truncation included: 147 × (1536 / 147) gives 1535.
-    assert page.image.size == load_image(str(small)).size == (5402, 1535)
+    # Chandra's upscale (to 5 402 × 1 535: its float truncation included), then its scale_to_fit: one step here.
+    assert page.image.size == scale_to_fit(load_image(str(small))).size == (4676, 1344)
     large = tmp_path / "scan.png"
     Image.new("L", (1700, 2200), 255).save(large)
     assert prepare_document(large, tmp_path / "l", "lossless", SETTINGS).render(1, SETTINGS).image.size == (1700, 2200)
