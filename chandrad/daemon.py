@@ -105,6 +105,30 @@ def report_download(notifier: Notifier) -> Callable[[FetchProgress], None]:
     return report
 
 
+def serve_metrics(metrics: Metrics, address: str) -> None:
+    if not address:
+        return
+    try:
+        metrics.serve(address)
+    except OSError as error:
+        raise ConfigError(
+            f"cannot serve metrics on {address}: {error.strerror}; "
+            f'change metrics_address (or set it to "" to turn metrics off)'
+        ) from None
+
+
+async def end_engines_of_a_killed_chandrad(state_dir: Path) -> None:
+    """vLLM EngineCores a chandrad killed earlier left running hold the GPU memory the new engines
+    need: end them first (in a thread: it waits for them to exit)."""
+    left_behind = await asyncio.to_thread(end_engines_left_behind, state_dir)
+    if left_behind:
+        log.warning(
+            "ended vLLM engine processes that a chandrad killed earlier had left running (they "
+            "held GPU memory the new engines need)",
+            pids=left_behind,
+        )
+
+
 class Daemon:
     def __init__(
         self,
@@ -154,21 +178,8 @@ class Daemon:
     async def startup(self) -> None:
         prepare_folders(self.settings)
         self.journal = Journal(self.settings.state_dir / "journal.sqlite3")
-        if self.settings.metrics_address:
-            try:
-                self.metrics.serve(self.settings.metrics_address)
-            except OSError as error:
-                raise ConfigError(
-                    f"cannot serve metrics on {self.settings.metrics_address}: {error.strerror}; "
-                    f'change metrics_address (or set it to "" to turn metrics off)'
-                ) from None
-        left_behind = await asyncio.to_thread(end_engines_left_behind, self.settings.state_dir)  # waits for them
-        if left_behind:
-            log.warning(
-                "ended vLLM engine processes that a chandrad killed earlier had left running (they "
-                "held GPU memory the new engines need)",
-                pids=left_behind,
-            )
+        serve_metrics(self.metrics, self.settings.metrics_address)
+        await end_engines_of_a_killed_chandrad(self.settings.state_dir)
         # The model's files first, when this engine loads them itself from the hub cache (not a
         # local folder, not a remote server, not an engine handed in): a model not downloaded yet
         # is fetched here with its progress in the log and systemd's STATUS.

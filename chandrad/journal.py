@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -545,29 +545,14 @@ class Journal:
             self._db.execute("ALTER TABLE pages ADD COLUMN text_lines TEXT")
 
     def record_page(self, page: PageRecord) -> None:
-        self._execute(
-            "INSERT OR REPLACE INTO pages (doc_id, page_no, width, height, html, prompt_tokens, output_tokens, "
-            "finish_reason, retries, latency_s, engine, model, image_names, chunks, error, text_lines) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                page.doc_id,
-                page.page_no,
-                page.width,
-                page.height,
-                page.html,
-                page.prompt_tokens,
-                page.output_tokens,
-                page.finish_reason,
-                page.retries,
-                page.latency_s,
-                page.engine,
-                page.model,
-                json.dumps(list(page.image_names)),
-                json.dumps(list(page.chunks)),
-                page.error,
-                json.dumps(page.text_lines) if page.text_lines is not None else None,
-            ),
-        )
+        row: dict[str, Any] = {field.name: getattr(page, field.name) for field in fields(page)}
+        row |= {
+            "image_names": json.dumps(list(page.image_names)),
+            "chunks": json.dumps(list(page.chunks)),
+            "text_lines": json.dumps(page.text_lines) if page.text_lines is not None else None,
+        }
+        names = ", ".join(row)
+        self._execute(f"INSERT OR REPLACE INTO pages ({names}) VALUES ({', '.join(':' + n for n in row)})", row)
 
     def pages(self, doc_id: str) -> list[PageRecord]:
         rows = self._execute("SELECT * FROM pages WHERE doc_id = ? ORDER BY page_no", (doc_id,)).fetchall()
