@@ -354,20 +354,32 @@ def _check_url(url: str) -> str:
     return url
 
 
-class WebhookSettings(_Strict):
-    """``[[webhook]]``: a JSON POST to ``url`` after a document is published or failed."""
+class _DeliveryTarget(_Strict):
+    """What webhooks and hooks share: a name, the events and inboxes they are for, an age limit."""
 
-    url: str
-    # How rules and logs name it; default: the url.
+    # How rules and logs name it; default: the url (webhook) or the program (hook).
     name: str = ""
     events: tuple[Event, ...] = EVENTS
     # Inbox names whose documents it gets; default: all.
     inboxes: tuple[str, ...] | None = None
+    # Retried with backoff until it succeeds or this long after the document's final state.
+    max_age_hours: float = Field(default=24.0, gt=0)
+
+    @field_validator("events")
+    @classmethod
+    def _events_not_empty(cls, events: tuple[Event, ...]) -> tuple[Event, ...]:
+        if not events:
+            raise ValueError('list at least one of "published", "failed"')
+        return events
+
+
+class WebhookSettings(_DeliveryTarget):
+    """``[[webhook]]``: a JSON POST to ``url`` after a document is published or failed."""
+
+    url: str
     # Then every request carries X-Chandrad-Signature: sha256=<hex HMAC-SHA256 of the body>.
     secret: str | None = Field(default=None, min_length=1, repr=False)
     timeout_seconds: float = Field(default=10.0, gt=0)
-    # Retried with backoff until it succeeds or this long after the document's final state.
-    max_age_hours: float = Field(default=24.0, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -381,28 +393,16 @@ class WebhookSettings(_Strict):
     def _http_only(cls, url: str) -> str:
         return _check_url(url)
 
-    @field_validator("events")
-    @classmethod
-    def _events_not_empty(cls, events: tuple[Event, ...]) -> tuple[Event, ...]:
-        if not events:
-            raise ValueError('list at least one of "published", "failed"')
-        return events
 
-
-class HookSettings(_Strict):
+class HookSettings(_DeliveryTarget):
     """``[[hook]]``: a command run after a document is published or failed, with CHANDRAD_* variables."""
 
     # An argument list, never a shell string: ["/usr/local/bin/to-dms", "--tag", "scan"].
     command: tuple[str, ...] = Field(min_length=1)
-    # How rules and logs name it; default: the command's first argument.
-    name: str = ""
-    events: tuple[Event, ...] = EVENTS
-    inboxes: tuple[str, ...] | None = None
     # Its process group is killed after this long (the run counts as failed).
     timeout_seconds: float = Field(default=60.0, gt=0)
     # Runs (with backoff) before a failing hook is given up; 1: never run again.
     max_attempts: int = Field(default=1, ge=1)
-    max_age_hours: float = Field(default=24.0, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -422,13 +422,6 @@ class HookSettings(_Strict):
         if not command[0]:
             raise ValueError("the command's first argument (the program) is empty")
         return command
-
-    @field_validator("events")
-    @classmethod
-    def _events_not_empty(cls, events: tuple[Event, ...]) -> tuple[Event, ...]:
-        if not events:
-            raise ValueError('list at least one of "published", "failed"')
-        return events
 
 
 class DeliverySettings(_Strict):

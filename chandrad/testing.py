@@ -63,3 +63,19 @@ def publish_directory(staging_dir: Path, files: dict[str, bytes], target: Path) 
     the daemon publishes a document."""
     stage_files(staging_dir, files)
     rename_dir_durably(staging_dir, target)
+
+
+class ManualClock:
+    """A wall clock (``time.time``'s stand-in) that a test moves by hand; it may step back, as NTP does.
+    With ``tick``, every reading is that much later than the last (rows then order by time)."""
+
+    def __init__(self, now: float = 1_700_000_000.0, tick: float = 0.0) -> None:
+        self.now = now
+        self.tick = tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

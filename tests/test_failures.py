@@ -20,19 +20,9 @@ from chandrad.intake import Intake
 from chandrad.journal import Document, Journal
 from chandrad.runtime import Runtime, now_iso
 from chandrad.stages import DocumentStages
+from chandrad.testing import ManualClock
 from chandrad.watch import SettledFile
 from tests.reliability.chaoslib import DrawingEngine, text_png
-
-
-class Clock:
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @dataclass
@@ -41,7 +31,7 @@ class World:
     journal: Journal
     runtime: Runtime
     failures: Failures
-    clock: Clock
+    clock: ManualClock
 
     async def take_in(self, rel: str, data: bytes) -> Document:
         path = self.inbox.path / rel
@@ -71,7 +61,7 @@ def make_world(tmp_path: Path, **settings: Any) -> World:
     for folder in (inbox.path, inbox.outbox, inbox.archive, full.state_dir):
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
-    clock = Clock()
+    clock = ManualClock()
     journal = Journal(full.state_dir / "journal.sqlite3", clock=clock)
     runtime = Runtime(full, journal, DrawingEngine(), clock=clock)
     return World(inbox, journal, runtime, Failures(runtime), clock)

@@ -21,16 +21,9 @@ from chandrad.failures import Failures
 from chandrad.intake import Intake, duplicate_of
 from chandrad.journal import Journal
 from chandrad.runtime import Runtime
+from chandrad.testing import ManualClock
 from chandrad.watch import FileKind, SettledFile
 from tests.reliability.chaoslib import DrawingEngine, text_png
-
-
-class Clock:
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -62,7 +55,7 @@ def make_world(tmp_path: Path, **inbox_settings: object) -> World:
     for folder in (inbox.path, inbox.outbox, inbox.failed, inbox.archive, settings.state_dir):
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
-    clock = Clock()
+    clock = ManualClock()
     journal = Journal(settings.state_dir / "journal.sqlite3", clock=clock)
     runtime = Runtime(settings, journal, DrawingEngine(), clock=clock)
     return World(inbox, journal, runtime, Intake(runtime, Failures(runtime)))

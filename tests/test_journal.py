@@ -14,28 +14,16 @@ import structlog.testing
 
 from chandrad.errors import ConfigError
 from chandrad.journal import STATES, Document, Journal, PageRecord
-
-
-class Clock:
-    """A wall clock the test moves by hand (it may also step back, as NTP does)."""
-
-    def __init__(self, now: float = 1_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from chandrad.testing import ManualClock
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock(1_000.0)
 
 
 @pytest.fixture
-def journal(tmp_path: Path, clock: Clock) -> Iterator[Journal]:
+def journal(tmp_path: Path, clock: ManualClock) -> Iterator[Journal]:
     opened = Journal(tmp_path / "journal.sqlite3", clock=clock)
     yield opened
     opened.close()
@@ -47,7 +35,7 @@ def add(
     return journal.add_document(inbox, rel_path, sha256, size, mtime_ns)
 
 
-def queued(journal: Journal, rel_path: str, clock: Clock, next_attempt_at: float = 0.0) -> str:
+def queued(journal: Journal, rel_path: str, clock: ManualClock, next_attempt_at: float = 0.0) -> str:
     """A claimed document waiting for its (next) attempt; each one a second younger than the last."""
     clock.advance(1)
     doc = add(journal, rel_path, sha256=f"sha-{rel_path}")

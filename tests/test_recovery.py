@@ -16,16 +16,8 @@ from chandrad.config import EngineSettings, InboxSettings, Settings
 from chandrad.journal import Document, Journal, PageRecord
 from chandrad.recovery import find_stored_name, recover, sweep_leftovers
 from chandrad.runtime import Runtime
+from chandrad.testing import ManualClock
 from tests.reliability.chaoslib import DrawingEngine
-
-
-class Clock:
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        self.now += 1  # every row a second younger than the last: created_at orders them
-        return self.now
 
 
 @dataclass
@@ -80,7 +72,7 @@ def world(tmp_path: Path) -> Iterator[World]:
     )
     for folder in (inbox.path, inbox.outbox, settings.state_dir):
         folder.mkdir(parents=True)
-    clock = Clock()
+    clock = ManualClock(tick=1)
     journal = Journal(settings.state_dir / "journal.sqlite3", clock=clock)
     yield World(inbox, settings, journal, Runtime(settings, journal, DrawingEngine(), clock=clock))
     journal.close()

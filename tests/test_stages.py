@@ -27,6 +27,7 @@ from chandrad.intake import Intake
 from chandrad.journal import Document, Journal
 from chandrad.runtime import Runtime
 from chandrad.stages import DocumentStages, Work
+from chandrad.testing import ManualClock
 from chandrad.watch import SettledFile
 from tests.reliability.chaoslib import DrawingEngine, simple_pdf, text_png
 
@@ -46,21 +47,13 @@ class PageEngine(DrawingEngine):
         return await super().ocr(request)
 
 
-class Clock:
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @dataclass
 class World:
     tmp_path: Path
     inbox: InboxSettings
     settings: Settings
     journal: Journal
-    clock: Clock
+    clock: ManualClock
 
     def stages(self, engine: Engine) -> DocumentStages:
         """A fresh set of stages (as after a restart) reading pages with ``engine``."""
@@ -107,7 +100,7 @@ def make_world(tmp_path: Path, inbox_settings: dict[str, object] | None = None, 
     for folder in (inbox.path, inbox.outbox, inbox.failed, inbox.archive, full.state_dir):
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
-    clock = Clock()
+    clock = ManualClock()
     return World(tmp_path, inbox, full, Journal(full.state_dir / "journal.sqlite3", clock=clock), clock)
 
 
