@@ -83,7 +83,9 @@ def test_a_burst_of_200_small_documents_is_processed_with_bounded_memory_fds_and
     record_figures("load: 200 PNGs at once (bounded)", **figures)
     assert figures["max_in_flight"] <= IN_FLIGHT
     assert figures["max_fds"] < 64, "open fds stay bounded (no leak per document)"
-    assert figures["max_rss_mb"] < 400
+    # Each small PNG is held at the model's input size while it is read (Chandra's upscale: a 360 × 60
+    # receipt is 6 132 × 1 008 px, 19 MB as RGB), up to IN_FLIGHT documents at once: 426 MB measured.
+    assert figures["max_rss_mb"] < 640
 
 
 @pytest.mark.soak
