@@ -107,10 +107,12 @@ def configure_logging(
         factory = lambda *args: JournaldLogger(journal_socket)  # noqa: E731
     elif log_format == "json":
         processors += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
-        factory = structlog.PrintLoggerFactory(file=sys.stderr)
+        # One write() per event, line and newline together: print() writes them apart, and vLLM's own
+        # log lines on the same stream could land in between, corrupting two JSON lines.
+        factory = structlog.WriteLoggerFactory(file=sys.stderr)
     else:
         processors += [structlog.processors.StackInfoRenderer(), structlog.dev.ConsoleRenderer()]
-        factory = structlog.PrintLoggerFactory(file=sys.stderr)
+        factory = structlog.WriteLoggerFactory(file=sys.stderr)
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
