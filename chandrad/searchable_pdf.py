@@ -840,22 +840,40 @@ def _text_kind(page: pikepdf.Page) -> Literal["none", "invisible", "visible"]:
     return "invisible" if "invisible" in seen else "none"
 
 
+_SHOW_TEXT = ("Tj", "TJ", "'", '"')
+
+
+class _RenderMode:
+    """The text render mode as a content stream sets it (``Tr``), saved and restored by ``q``/``Q``."""
+
+    def __init__(self) -> None:
+        self.mode = 0
+        self._saved: list[int] = []
+
+    def follow(self, op: str, operands: list[Any]) -> None:
+        if op == "Tr" and operands:
+            self.mode = int(operands[0])
+        elif op == "q":
+            self._saved.append(self.mode)
+        elif op == "Q" and self._saved:
+            self.mode = self._saved.pop()
+
+    @property
+    def invisible(self) -> bool:
+        return self.mode == 3
+
+
 def _scan_text(owner: Any, seen: set[str], depth: int) -> None:
     try:
         instructions = pikepdf.parse_content_stream(owner, _TEXT_OPS)
     except (pikepdf.PdfError, TypeError, ValueError):
         return
-    mode, stack = 0, []
+    render = _RenderMode()
     for instruction in instructions:
         operands, op = list(instruction.operands), str(instruction.operator)
-        if op == "Tr" and operands:
-            mode = int(operands[0])
-        elif op == "q":
-            stack.append(mode)
-        elif op == "Q" and stack:
-            mode = stack.pop()
-        elif op in ("Tj", "TJ", "'", '"'):
-            seen.add("invisible" if mode == 3 else "visible")
+        render.follow(op, operands)
+        if op in _SHOW_TEXT:
+            seen.add("invisible" if render.invisible else "visible")
     if depth > 4 or "visible" in seen:
         return
     resources = owner.get("/Resources") if hasattr(owner, "get") else None
@@ -870,16 +888,12 @@ def _strip_invisible_text(pdf: Pdf, page: pikepdf.Page) -> None:
     """Drop the page's text objects drawn in render mode 3 (another OCR's layer); nothing visible changes."""
     kept: list[Any] = []
     held: list[Any] = []
-    in_text, mode, stack, shown_visible = False, 0, [], False
+    in_text, shown_visible = False, False
+    render = _RenderMode()
     for instruction in pikepdf.parse_content_stream(page):
         operands, operator = list(instruction.operands), instruction.operator
         op = str(operator)
-        if op == "Tr" and operands:
-            mode = int(operands[0])
-        elif op == "q":
-            stack.append(mode)
-        elif op == "Q" and stack:
-            mode = stack.pop()
+        render.follow(op, operands)
         if not in_text:
             if op == "BT":
                 in_text, held, shown_visible = True, [(operands, operator)], False
@@ -887,7 +901,7 @@ def _strip_invisible_text(pdf: Pdf, page: pikepdf.Page) -> None:
                 kept.append((operands, operator))
             continue
         held.append((operands, operator))
-        if op in ("Tj", "TJ", "'", '"') and mode != 3:
+        if op in _SHOW_TEXT and not render.invisible:
             shown_visible = True
         if op == "ET":
             in_text = False
