@@ -167,7 +167,7 @@ class DocumentStages:
                 stage="publish",
             )
         self._check_failed_pages(pages, doc.page_count or len(pages))
-        stem = publish.safe_component(Path(doc.rel_path).stem)
+        stem = _output_stem(doc)
         engine = self.runtime.engine
         metadata = publish.document_metadata(doc.id, Path(doc.rel_path).name, inbox.name, engine.name, engine.model)
         outputs = [_page_output(page) for page in pages]
@@ -236,7 +236,7 @@ class DocumentStages:
         doc = await journal.call(journal.get, work.doc.id)
         inbox = work.inbox
         if inbox.pdf_to is not None and "pdf" in inbox.formats and doc.output_dir:
-            await self._place_pdf_copy(Path(doc.output_dir), inbox.pdf_to)
+            await self._place_pdf_copy(Path(doc.output_dir) / f"{_output_stem(doc)}.pdf", inbox.pdf_to)
         if runtime.move_originals and doc.claimed_path is not None:
             claimed = Path(doc.claimed_path)
             if inbox.on_success == "delete":
@@ -259,12 +259,11 @@ class DocumentStages:
         await runtime.clear_leftovers(doc, inbox)
         return Outcome(doc.id, "published", Path(doc.output_dir) if doc.output_dir else None)
 
-    async def _place_pdf_copy(self, output_dir: Path, pdf_to: Path) -> None:
+    async def _place_pdf_copy(self, pdf: Path, pdf_to: Path) -> None:
         """The searchable PDF also into ``pdf_to`` (a document system's consume folder), before the
         document is final: a crash in between places it at the next start (once: an identical copy
         there counts as placed)."""
-        pdf = next(iter(await asyncio.to_thread(lambda: sorted(output_dir.glob("*.pdf")))), None)
-        if pdf is None:
+        if not await asyncio.to_thread(pdf.is_file):
             return  # the PDF could not be made: the JSON says why
         try:
             placed = await asyncio.to_thread(place_copy, pdf, pdf_to, pdf.name, publish.free_name)
@@ -275,6 +274,11 @@ class DocumentStages:
                 f"cannot place the PDF in pdf_to {pdf_to}: {error.strerror}", stage="publish"
             ) from None
         log.info("searchable PDF placed", pdf_to=str(placed))
+
+
+def _output_stem(doc: Document) -> str:
+    """The name of a document's output folder and files (``report`` for ``report.pdf``)."""
+    return publish.safe_component(Path(doc.rel_path).stem)
 
 
 def _page_output(page: PageRecord) -> publish.PageOutput:
