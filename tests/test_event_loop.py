@@ -17,7 +17,8 @@ from PIL import Image
 
 from chandrad.config import EngineSettings, InboxSettings, Settings
 from chandrad.daemon import Daemon
-from chandrad.engine.base import EngineStatus, PageRequest, PageResult
+from chandrad.engine.base import PageRequest, PageResult
+from tests.reliability.chaoslib import DrawingEngine
 
 SLOW_CALLBACK_SECONDS = 0.1
 PAGES = 300
@@ -40,7 +41,7 @@ CHANDRA_PAGE_HTML = (
 )
 
 
-class ReplayEngine:
+class ReplayEngine(DrawingEngine):
     """Test double for the Chandra model (its weights and a GPU are not on this machine, and the tiny
     random-weight model writes no Chandra HTML): answers every page at once with one recorded page
     of Chandra's output, so that everything the daemon does around the engine is what is measured."""
@@ -48,24 +49,9 @@ class ReplayEngine:
     name = "replay"
     model = "recorded-chandra-page"
 
-    async def start(self) -> None:
-        return None
-
     async def ocr(self, request: PageRequest) -> PageResult:
         await asyncio.sleep(0.02)  # an answer in flight, as from a real engine, without its wait
         return PageResult(html=CHANDRA_PAGE_HTML, prompt_tokens=5017, output_tokens=1500)
-
-    def status(self) -> EngineStatus:
-        return EngineStatus()
-
-    async def memory_in_use(self) -> int | None:
-        return None
-
-    def stopping(self) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
 
 
 def many_page_pdf(pages: int) -> bytes:
