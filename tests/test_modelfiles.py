@@ -336,9 +336,11 @@ def test_an_interrupted_download_resumes_where_it_stopped(tmp_path, hub, online)
             progress=FetchProgress(update_seconds=0, on_update=stop_after_a_mebibyte),
             stop=stop,
         )
-    (partial,) = (cache / "models--chandrad-test--tiny" / "blobs").glob("*" + PARTIAL_SUFFIX)
+    # Files download side by side, so other blobs may also have stopped half-way: look at the weights' blob.
+    blobs = cache / "models--chandrad-test--tiny" / "blobs"
+    partial = blobs / (hashlib.sha256(weights).hexdigest() + PARTIAL_SUFFIX)
     kept = partial.stat().st_size
-    assert MIB <= kept < len(weights)
+    assert MIB // 2 <= kept < len(weights), "about the first mebibyte was kept (the small files share the count)"
 
     hub.requests.clear()
     folder = fetch_model(REPO_ID, cache, endpoint=hub.url)
