@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import socket
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -249,10 +250,15 @@ class EngineSettings(_Strict):
 
     # -- vLLM (see DESIGN.md "Engine facts"; defaults are Chandra 2's serving settings but the two
     # batch sizes, chosen from bench/NOTES-gpu.md's tuning table) --
-    # A vLLM OpenAI-compatible server to use instead of an in-process engine.
-    url: str | None = None
+    # A vLLM OpenAI-compatible server (".../v1") to use instead of an in-process engine, or a list of
+    # them (a fleet: each health-checked, pages spread over those up, moved off one that fails).
+    url: str | tuple[str, ...] | None = None
     api_key: str = "EMPTY"
     served_model_name: str | None = None
+    # TLS for https:// servers: a CA bundle (PEM) to trust instead of the system's; extra HTTP
+    # headers sent with every request (a router's routing or auth headers).
+    ca_bundle: Path | None = None
+    headers: dict[str, str] = {}
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_model_len: int = Field(default=18000, ge=256)
     # Twice Chandra's serving settings (96 / 8192): on an H200 the raw engine read 3.81 pages/s at
@@ -314,6 +320,24 @@ class EngineSettings(_Strict):
             gpus = data.get("gpus", cls.model_fields["gpus"].default)
             data = {**data, "layout": "replicas" if isinstance(gpus, (list, tuple)) and len(gpus) > 1 else "single"}
         return data
+
+    @field_validator("url")
+    @classmethod
+    def _http_urls(cls, url: str | tuple[str, ...] | None) -> str | tuple[str, ...] | None:
+        if isinstance(url, tuple):
+            if not url:
+                raise ValueError("engine.url: give at least one server, or leave it out")
+            if len(set(url)) != len(url):
+                raise ValueError("engine.url names a server twice")
+            return tuple(_check_url(one) for one in url)
+        return None if url is None else _check_url(url)
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """The remote servers, as a list (empty: the engine runs in this process)."""
+        if self.url is None:
+            return ()
+        return self.url if isinstance(self.url, tuple) else (self.url,)
 
     @model_validator(mode="after")
     def _check_pixels(self) -> EngineSettings:
@@ -445,6 +469,13 @@ class Settings(BaseSettings):
     )
 
     state_dir: Path = Path("/var/lib/chandrad")
+    # This host's name among several chandrad hosts sharing an inbox (docs/scaling.md): its claims
+    # live in <inbox>/.chandrad/claimed/<host_id>/ with a heartbeat. Default: the machine's hostname.
+    # Two machines must never share one.
+    host_id: str = Field(default_factory=lambda: socket.gethostname() or "localhost", min_length=1, max_length=64)
+    # Another host whose heartbeat has not changed for this long (as this host's clock counts) is
+    # taken to be dead: its claimed documents are taken over and processed from the start here.
+    takeover_seconds: float = Field(default=600.0, gt=0)
     # "auto": journald's native fields under systemd, JSON lines when not on a terminal, else pretty.
     log_format: Literal["auto", "json", "console", "journald"] = "auto"
     journal_socket: Path = Path("/run/systemd/journal/socket")
@@ -484,6 +515,16 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Environment beats the file; the file arrives as init kwargs (see load_settings).
         return (env_settings, init_settings)
+
+    @field_validator("host_id")
+    @classmethod
+    def _host_id_is_a_folder_name(cls, host_id: str) -> str:
+        # It names a folder on every shared inbox: no separators, nothing hidden, nothing to escape.
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", host_id):
+            raise ValueError(
+                f"host_id {host_id!r} must be letters, digits, '.', '_' or '-', starting with a letter or digit"
+            )
+        return host_id
 
     @model_validator(mode="after")
     def _check_inboxes(self) -> Settings:
