@@ -55,10 +55,10 @@ def loads_model_files(engine: Engine) -> bool:
 
 
 def create_engine(settings: EngineSettings, state_dir: Path) -> Engine:
-    """The engine the settings ask for: tesseract, a supervised in-process vLLM, or a remote server."""
+    """The engine the settings ask for: tesseract, a supervised in-process vLLM, or remote servers."""
     kind = settings.kind
     if kind == "auto":
-        if settings.url or cuda_gpu_visible():
+        if settings.urls or cuda_gpu_visible():
             kind = "vllm"
         else:
             log.warning(
@@ -70,7 +70,7 @@ def create_engine(settings: EngineSettings, state_dir: Path) -> Engine:
         from chandrad.engine.tesseract import TesseractEngine
 
         return TesseractEngine(settings.tesseract_languages, settings.page_timeout_seconds)
-    if settings.url:
+    if settings.urls:
         from chandrad.engine.remote import RemoteEngine
 
         return RemoteEngine(settings)

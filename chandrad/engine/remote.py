@@ -1,8 +1,9 @@
-"""Chandra on a vLLM OpenAI-compatible server elsewhere (``engine.url``): same prompt, same rules.
+"""Chandra on vLLM OpenAI-compatible servers elsewhere (``engine.url``): same prompt, same rules.
 
 For deployments whose inference runs on other hosts (a vLLM data-parallel deployment, a Ray
-cluster). The page goes as a PNG data URL in one user message ``[image, prompt]``, as the chandra
-CLI sends it; the retry ladder and repetition test are the in-process engine's.
+cluster, several ``vllm serve``). The page goes as a PNG data URL in one user message
+``[image, prompt]``, as the chandra CLI sends it; the retry ladder and repetition test are the
+in-process engine's. Which server reads it, and what happens when one fails, is ``fleet.py``'s.
 """
 
 from __future__ import annotations
@@ -10,19 +11,25 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-from typing import Any
+import time
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
-import structlog
 from chandra.model.util import scale_to_fit
 from chandra.prompts import PROMPT_MAPPING
 from PIL import Image
 
 from chandrad.config import EngineSettings
 from chandrad.engine.base import EngineStatus, PageRequest, PageResult
+from chandrad.engine.fleet import Fleet
 from chandrad.engine.ladder import Completion, Sampling, read_with_retries
-from chandrad.errors import PermanentError, TransientError
 
-log = structlog.get_logger("chandrad.engine.remote")
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+# A page that finds no server up gives up this long before the pipeline's page timeout would end
+# it, with a WaitError, so that its document waits instead of using up an attempt.
+WAIT_MARGIN_SECONDS = 2.0
 
 
 def _png_data_url(image: Image.Image) -> str:
@@ -35,30 +42,20 @@ class RemoteEngine:
     name = "vllm-remote"
 
     def __init__(self, settings: EngineSettings) -> None:
-        from openai import AsyncOpenAI
-
-        assert settings.url is not None
         self.settings = settings
-        self.model = settings.served_model_name or settings.model
-        self._client = AsyncOpenAI(
-            base_url=settings.url, api_key=settings.api_key, timeout=settings.page_timeout_seconds, max_retries=0
-        )
+        self.fleet = Fleet(settings)
+
+    @property
+    def model(self) -> str:
+        return self.fleet.model
 
     async def start(self) -> None:
-        try:
-            models = await self._client.models.list()
-        except Exception as error:
-            raise TransientError(f"the vLLM server at {self.settings.url} does not answer: {error}") from None
-        served = [model.id for model in models.data]
-        if self.settings.served_model_name is None and served:
-            self.model = served[0]
-        elif self.model not in served:
-            raise PermanentError(f"the server at {self.settings.url} serves {served}, not {self.model!r}")
-        log.info("remote engine ready", url=self.settings.url, model=self.model)
+        await self.fleet.start()
 
     async def ocr(self, request: PageRequest) -> PageResult:
-        from openai import APIConnectionError, APIStatusError, APITimeoutError
-
+        started = time.monotonic()
+        timeout = self.settings.page_timeout_seconds
+        deadline = started + timeout - min(WAIT_MARGIN_SECONDS, timeout / 10)
         url = await asyncio.to_thread(_png_data_url, request.image)  # resize + PNG: ~0.2 s, off the loop
         messages: list[dict[str, Any]] = [
             {
@@ -71,42 +68,39 @@ class RemoteEngine:
         ]
 
         async def attempt_once(attempt: int, sampling: Sampling) -> Completion:
-            try:
-                completion = await self._client.chat.completions.create(
-                    model=self.model,
-                    messages=messages,  # type: ignore[arg-type]  # plain dicts, as Chandra sends
-                    max_tokens=self.settings.max_tokens,
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p,
-                )
-            except APIStatusError as status_error:
-                if 400 <= status_error.status_code < 500 and status_error.status_code != 429:
-                    raise PermanentError(
-                        f"the server refused page {request.page_no}: {status_error.message}", stage="engine"
-                    ) from None
-                raise TransientError(
-                    f"the vLLM server failed: HTTP {status_error.status_code}", stage="engine"
-                ) from None
-            except (APIConnectionError, APITimeoutError) as network_error:
-                raise TransientError(f"the vLLM server failed: {network_error}", stage="engine") from None
-            usage = completion.usage
-            return Completion(
-                completion.choices[0].message.content or "",
-                usage.prompt_tokens if usage else 0,
-                usage.completion_tokens if usage else 0,
-                str(completion.choices[0].finish_reason),
+            return await self.fleet.call(
+                partial(self._complete, messages=messages, sampling=sampling),
+                request.doc_id,
+                request.page_no,
+                deadline,
             )
 
-        return await read_with_retries(attempt_once, self.settings.max_retries, request.page_no)
+        return await read_with_retries(attempt_once, self.settings.max_retries, request.page_no, started=started)
+
+    async def _complete(self, client: AsyncOpenAI, *, messages: list[dict[str, Any]], sampling: Sampling) -> Completion:
+        completion = await client.chat.completions.create(
+            model=self.model,
+            messages=messages,  # type: ignore[arg-type]  # plain dicts, as Chandra sends
+            max_tokens=self.settings.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+        )
+        usage = completion.usage
+        return Completion(
+            completion.choices[0].message.content or "",
+            usage.prompt_tokens if usage else 0,
+            usage.completion_tokens if usage else 0,
+            str(completion.choices[0].finish_reason),
+        )
 
     def status(self) -> EngineStatus:
-        return EngineStatus()
+        return EngineStatus(state=self.fleet.state, restarts=self.fleet.recoveries)
 
     async def memory_in_use(self) -> int | None:
-        return None  # the server's GPUs are another host's
+        return None  # the servers' GPUs are other hosts'
 
     def stopping(self) -> None:
         return None
 
     async def aclose(self) -> None:
-        await self._client.close()
+        await self.fleet.aclose()
