@@ -1,0 +1,401 @@
+"""Remote vLLM servers (``engine.url``) as a fleet: health checks, pages moved off a failed server,
+pages waiting while none is up, TLS, the API key and headers.
+
+The unit tests run against ``FakeVllmServer``, a plain HTTP server standing in for vLLM (a test
+double). The tests marked ``vllm`` run real vLLM OpenAI servers (CPU build, the tiny random-weight
+model) under the real daemon, and SIGKILL them mid-run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import ipaddress
+import json
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+from structlog.testing import capture_logs
+
+from chandrad.config import EngineSettings
+from chandrad.engine import create_engine
+from chandrad.engine.base import PageRequest
+from chandrad.engine.fleet import server_root
+from chandrad.engine.remote import RemoteEngine
+from chandrad.errors import PermanentError, TransientError, WaitError
+from tests.conftest import drop, wait_for
+
+# -- a test double for a vLLM OpenAI server ---------------------------------------------------
+
+
+class FakeVllmServer:
+    """Test double: a plain HTTP server standing in for vLLM's OpenAI server (``/health``,
+    ``/v1/models``, ``/v1/chat/completions``). ``answers`` scripts the status codes of the next chat
+    requests (then 200s); ``chat_delay`` holds each chat answer; every request's path and headers
+    are recorded. ``stop()`` closes its port (connections are refused); ``start()`` opens it again."""
+
+    def __init__(self, served: tuple[str, ...] = ("chandra",), tls: ssl.SSLContext | None = None) -> None:
+        self.served = served
+        self.tls = tls
+        self.answers: list[int] = []
+        self.chat_delay = 0.0
+        self.health_status = 200
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.connections: list[socket.socket] = []
+        self.lock = threading.Lock()
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/v1"
+
+    def chats(self) -> int:
+        return sum(1 for method, path, _ in self.requests if method == "POST" and path.endswith("/chat/completions"))
+
+    def start(self) -> FakeVllmServer:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def setup(self) -> None:
+                super().setup()
+                with fake.lock:
+                    fake.connections.append(self.connection)
+
+            def _reply(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _record(self) -> None:
+                with fake.lock:
+                    fake.requests.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
+
+            def do_GET(self) -> None:
+                self._record()
+                if self.path == "/health":
+                    self._reply(fake.health_status, {})
+                elif self.path == "/v1/models":
+                    self._reply(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in fake.served]})
+                else:
+                    self._reply(404, {"error": "no such route"})
+
+            def do_POST(self) -> None:
+                self._record()
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                with fake.lock:
+                    status = fake.answers.pop(0) if fake.answers else 200
+                time.sleep(fake.chat_delay)
+                if status != 200:
+                    self._reply(status, {"error": {"message": f"scripted HTTP {status}", "type": "x", "code": status}})
+                    return
+                self._reply(200, {
+                    "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": fake.served[0],
+                    "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                        "role": "assistant", "content": f'<div data-label="Text" data-bbox="0 0 10 10">{fake.port}</div>'}}],
+                    "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+                })
+
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server.daemon_threads = True
+        if self.tls is not None:
+            server.socket = self.tls.wrap_socket(server.socket, server_side=True)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self._server = server
+        return self
+
+    def stop(self) -> None:
+        """As a killed server: the port closes and open connections are cut."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        with self.lock:
+            connections, self.connections = self.connections, []
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.fixture
+def fakes() -> Iterator[list[FakeVllmServer]]:
+    made: list[FakeVllmServer] = []
+    yield made
+    for fake in made:
+        fake.stop()
+
+
+def fake(fakes: list[FakeVllmServer], **kwargs: Any) -> FakeVllmServer:
+    server = FakeVllmServer(**kwargs).start()
+    fakes.append(server)
+    return server
+
+
+def settings_for(*servers: FakeVllmServer, **overrides: Any) -> EngineSettings:
+    values: dict[str, Any] = {
+        "kind": "vllm", "url": tuple(s.url for s in servers), "served_model_name": "chandra", "max_retries": 0,
+        "health_check_seconds": 0.3, "restart_backoff_seconds": 0.1, "restart_backoff_max_seconds": 0.5,
+        "page_timeout_seconds": 20,
+    }
+    values.update(overrides)
+    return EngineSettings(**values)
+
+
+def page(no: int = 1) -> PageRequest:
+    return PageRequest("doc", no, Image.new("RGB", (64, 64), "white"))
+
+
+def answered_by(result_html: str, server: FakeVllmServer) -> bool:
+    return f">{server.port}<" in result_html
+
+
+async def until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+# -- unit level: classification, model check, TLS, headers --------------------------------------
+
+
+def test_the_server_root_is_the_url_without_its_v1() -> None:
+    assert server_root("http://gpu1:8000/v1") == "http://gpu1:8000"
+    assert server_root("https://router/ocr/v1/") == "https://router/ocr"
+
+
+def test_create_engine_picks_the_fleet_for_one_url_or_a_list(tmp_path: Path) -> None:
+    one = create_engine(EngineSettings(url="http://a:8000/v1"), tmp_path)
+    two = create_engine(EngineSettings(url=("http://a:8000/v1", "http://b:8000/v1")), tmp_path)
+    assert isinstance(one, RemoteEngine) and len(one.fleet.endpoints) == 1
+    assert isinstance(two, RemoteEngine) and [e.url for e in two.fleet.endpoints] == ["http://a:8000/v1", "http://b:8000/v1"]
+
+
+async def test_a_refused_connection_takes_the_server_out_the_page_moves_and_the_server_comes_back(fakes) -> None:
+    first, second = fake(fakes), fake(fakes)
+    with capture_logs() as logs:
+        engine = RemoteEngine(settings_for(first, second))
+        await engine.start()
+        first.stop()  # connections to it are refused now; the first page goes to it (fewest in flight, first)
+        result = await engine.ocr(page(1))
+        assert answered_by(result.html, second)
+        assert engine.status().state == f"up (1 of 2 servers; {first.url} down)"
+        moved = [e for e in logs if e["event"] == "page moved to another server"]
+        assert moved and moved[0]["url"] == first.url and moved[0]["page"] == 1 and "connection" in moved[0]["reason"]
+        first.start()  # same port
+        await until(lambda: engine.status().state == "up", 5, "the first server to be taken back")
+        assert engine.status().restarts == 1
+        results = await asyncio.gather(*(engine.ocr(page(n)) for n in (2, 3)))
+        assert any(answered_by(r.html, first) for r in results), "the server that came back reads pages again"
+        await engine.aclose()
+
+
+async def test_an_http_5xx_takes_the_server_out_and_the_page_is_read_by_another(fakes) -> None:
+    first, second = fake(fakes), fake(fakes)
+    first.answers = [503]
+    with capture_logs() as logs:
+        engine = RemoteEngine(settings_for(first, second))
+        await engine.start()
+        result = await engine.ocr(page(1))
+        assert answered_by(result.html, second) and result.retries == 0, "moved, not a ladder retry"
+        down = [e for e in logs if e["event"] == "server down"]
+        assert down and down[0]["url"] == first.url and down[0]["reason"] == "HTTP 503"
+        assert any(e["event"] == "page moved to another server" for e in logs)
+        await engine.aclose()
+
+
+async def test_an_http_400_is_a_permanent_error_for_that_page_only(fakes) -> None:
+    server = fake(fakes)
+    server.answers = [400]
+    engine = RemoteEngine(settings_for(server))
+    await engine.start()
+    with pytest.raises(PermanentError, match="refused page 1"):
+        await engine.ocr(page(1))
+    assert engine.status().state == "up", "a bad page does not take the server out"
+    assert answered_by((await engine.ocr(page(2))).html, server)
+    await engine.aclose()
+
+
+async def test_an_http_429_is_transient_the_page_is_sent_again_and_the_server_stays_up(fakes) -> None:
+    server = fake(fakes)
+    server.answers = [429, 429]
+    with capture_logs() as logs:
+        engine = RemoteEngine(settings_for(server))
+        await engine.start()
+        result = await engine.ocr(page(1))
+        assert answered_by(result.html, server) and server.chats() == 3
+        assert [e["event"] for e in logs].count("server busy (HTTP 429); page sent again") == 2
+        assert not any(e["event"] == "server down" for e in logs) and engine.status().state == "up"
+        await engine.aclose()
+
+
+async def test_a_5xx_from_every_server_is_a_transient_error_of_the_page(fakes) -> None:
+    server = fake(fakes)
+    server.answers = [500] * 10
+    engine = RemoteEngine(settings_for(server))
+    await engine.start()
+    with pytest.raises(TransientError, match="HTTP 500") as failed:
+        await engine.ocr(page(1))
+    assert not isinstance(failed.value, WaitError)
+    await engine.aclose()
+
+
+async def test_a_server_serving_another_model_is_refused_naming_what_it_serves(fakes) -> None:
+    wrong = fake(fakes, served=("someone/else",))
+    engine = RemoteEngine(settings_for(wrong))
+    with pytest.raises(PermanentError, match=r"serves \['someone/else'\], not 'chandra'"):
+        await engine.start()
+    right = fake(fakes)
+    with capture_logs() as logs:
+        fleet_engine = RemoteEngine(settings_for(right, wrong))
+        await fleet_engine.start()
+    assert fleet_engine.status().state == f"up (1 of 2 servers; {wrong.url} down)"
+    refused = [e for e in logs if e["event"] == "server down at start; retried in the background"]
+    assert refused[0]["url"] == wrong.url and "someone/else" in refused[0]["reason"]
+    await fleet_engine.aclose()
+
+
+async def test_without_served_model_name_the_servers_first_model_is_taken_as_before(fakes) -> None:
+    server = fake(fakes, served=("chandra-2",))
+    engine = RemoteEngine(settings_for(server, served_model_name=None))
+    await engine.start()
+    assert engine.model == "chandra-2"
+    await engine.aclose()
+
+
+async def test_no_server_answering_at_start_is_a_transient_error(fakes) -> None:
+    server = fake(fakes)
+    server.stop()
+    with pytest.raises(TransientError, match=f"the vLLM server at {re.escape(server.url)} does not answer"):
+        await RemoteEngine(settings_for(server)).start()
+
+
+async def test_the_api_key_and_extra_headers_reach_the_server_on_every_request(fakes) -> None:
+    server = fake(fakes)
+    engine = RemoteEngine(settings_for(server, api_key="sekret", headers={"X-Route": "ocr-pool"}))
+    await engine.start()
+    await engine.ocr(page(1))
+    await engine.aclose()
+    paths = {path for _, path, _ in server.requests}
+    assert {"/health", "/v1/models", "/v1/chat/completions"} <= paths
+    for _, path, headers in server.requests:
+        assert headers.get("authorization") == "Bearer sekret", path
+        assert headers.get("x-route") == "ocr-pool", path
+
+
+async def test_pages_wait_while_no_server_is_up_and_resume_when_it_comes_back(fakes) -> None:
+    server = fake(fakes)
+    with capture_logs() as logs:
+        engine = RemoteEngine(settings_for(server))
+        await engine.start()
+        server.stop()
+        waiting = asyncio.ensure_future(engine.ocr(page(1)))
+        await asyncio.sleep(1.5)
+        assert not waiting.done(), "the page waits for the server"
+        assert engine.status().state == f"down (0 of 1 servers; {server.url} down)"
+        assert any(e["event"] == "page waits for a server to come back" for e in logs)
+        server.start()
+        result = await asyncio.wait_for(waiting, 5)
+        assert answered_by(result.html, server) and engine.status().restarts == 1
+        await engine.aclose()
+
+
+async def test_a_page_that_finds_no_server_until_its_timeout_is_a_wait_not_an_attempt(fakes) -> None:
+    server = fake(fakes)
+    engine = RemoteEngine(settings_for(server, page_timeout_seconds=2))
+    await engine.start()
+    server.stop()
+    started = time.monotonic()
+    with pytest.raises(WaitError, match="no vLLM server is up"):
+        await asyncio.wait_for(engine.ocr(page(1)), 2)  # as pages.py bounds it
+    assert 1.5 < time.monotonic() - started < 2
+    await engine.aclose()
+
+
+async def test_a_failed_health_check_moves_the_pages_in_flight_on_a_hung_server(fakes) -> None:
+    hung, healthy = fake(fakes), fake(fakes)
+    hung.chat_delay = 10  # accepts the page, never answers in time
+    engine = RemoteEngine(settings_for(hung, healthy))
+    await engine.start()
+    reading = asyncio.ensure_future(engine.ocr(page(1)))
+    await until(lambda: hung.chats() == 1, 5, "the page at the hung server")
+    hung.health_status = 503
+    result = await asyncio.wait_for(reading, 5)
+    assert answered_by(result.html, healthy)
+    hung.health_status = 200  # lets the test double's threads end
+    await engine.aclose()
+
+
+def _tls_files(directory: Path) -> tuple[Path, Path, Path]:
+    """A CA and a certificate for 127.0.0.1 signed by it (PEM files)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "chandrad test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])).issuer_name(ca_name)
+            .public_key(key.public_key()).serial_number(2).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    ca_path, cert_path, key_path = directory / "ca.pem", directory / "server.pem", directory / "server.key"
+    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return ca_path, cert_path, key_path
+
+
+async def test_https_with_a_ca_bundle_is_trusted_and_without_it_is_refused(fakes, tmp_path) -> None:
+    pytest.importorskip("cryptography")
+    ca_path, cert_path, key_path = _tls_files(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_path, key_path)
+    server = fake(fakes, tls=context)
+    assert server.url.startswith("https://")
+    engine = RemoteEngine(settings_for(server, ca_bundle=ca_path))
+    await engine.start()
+    assert answered_by((await engine.ocr(page(1))).html, server)
+    await engine.aclose()
+    with pytest.raises(TransientError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+        await RemoteEngine(settings_for(server)).start()
