@@ -135,7 +135,7 @@ def once(
 async def _convert_once(
     settings: Settings, files: tuple[Path, ...], output_dir: Path, overrides: dict[str, object]
 ) -> list[tuple[str, str]]:
-    from chandrad.folders import staging_root
+    from chandrad.folders import host_staging, staging_root
     from chandrad.pipeline import Pipeline
 
     template = settings.inbox[0] if settings.inbox else None
@@ -196,7 +196,8 @@ async def _convert_once(
             await engine.aclose()
             journal.close()
             # Leave the output folder holding only outputs: the staging folders are empty now.
-            for leftover in (staging_root(output_dir), staging_root(output_dir).parent):
+            staging = staging_root(output_dir)
+            for leftover in (host_staging(output_dir, settings.host_id), staging, staging.parent):
                 try:
                     leftover.rmdir()
                 except OSError:  # absent, or not empty (another chandrad's): leave it
@@ -365,7 +366,7 @@ def retry(target: str, config_path: Path | None) -> None:
         inbox = next((inbox for inbox in settings.inbox if inbox.name == doc.inbox), None)
         if inbox is None:
             _refuse(f"{doc.rel_path}: its inbox {doc.inbox!r} is no longer configured")
-        claimed = _put_back(journal, doc, inbox)
+        claimed = _put_back(journal, doc, inbox, settings.host_id)
     finally:
         journal.close()
     click.echo(f"{doc.inbox}/{doc.rel_path} ({doc.id}): queued again (original back in {claimed.parent})")
@@ -394,15 +395,18 @@ def _failed_document(journal: Journal, target: str) -> Document:
     return doc
 
 
-def _put_back(journal: Journal, doc: Document, inbox: InboxSettings) -> Path:
+def _put_back(journal: Journal, doc: Document, inbox: InboxSettings, host_id: str) -> Path:
     """Move the original from failed/ back to its claim folder, then queue the document. Each
     step is idempotent: a crash between them leaves the original in the claim folder and the
     document failed, and running ``chandrad retry`` again finishes it."""
     if doc.claimed_path is None:
         _refuse(f"{doc.rel_path} was never taken in (it was left in the inbox): fix the reason and drop it again")
-    claimed = folders.claimed_path(inbox.path, doc.id, Path(doc.rel_path))
+    claimed = folders.claimed_path(inbox.path, host_id, doc.id, Path(doc.rel_path))
     original = Path(doc.final_path) if doc.final_path else None
     if original is not None and (original.exists() or original.is_symlink()):
+        from chandrad import hosts
+
+        hosts.write_claim_record(claimed.parent, hosts.claim_record_of(doc, host_id))  # for a takeover
         move_durably(original, claimed)
     elif not claimed.exists():
         _refuse(

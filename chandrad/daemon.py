@@ -26,6 +26,7 @@ from chandrad.delivery import Deliverer
 from chandrad.engine import Engine, create_engine, loads_model_files, pages_in_flight
 from chandrad.engine.processes import end_engines_left_behind
 from chandrad.errors import ConfigError
+from chandrad.hosts import Hosts, check_host_id_free
 from chandrad.journal import Journal
 from chandrad.metrics import Metrics, ObservedEngine
 from chandrad.modelfiles import FetchProgress, fetch_model_async, is_hub_id, process_hub_cache
@@ -152,6 +153,7 @@ class Daemon:
         self._watch_tasks: dict[str, asyncio.Task[None]] = {}
         self.journal: Journal | None = None
         self.pipeline: Pipeline | None = None
+        self.hosts: Hosts | None = None
         self._rate_window: list[tuple[float, int]] = []
         self.started = False
 
@@ -210,6 +212,11 @@ class Daemon:
         )
         self.observed = ObservedEngine(self.engine, self.metrics)
         self.pipeline = Pipeline(self.settings, self.journal, self.observed)
+        # Our heartbeat is on every inbox before anything is claimed or resumed, and no other
+        # machine's with our host_id is (it would take our claims for its own).
+        await asyncio.to_thread(check_host_id_free, self.settings)
+        self.hosts = Hosts(self.pipeline.runtime, self.work.put)
+        await self.hosts.beat()
         for doc_id in await self.pipeline.recover():
             self.work.put(doc_id)
         # What the imports and the engine's start built (vLLM, torch, transformers: millions of
@@ -237,6 +244,8 @@ class Daemon:
                 # files/s on a busy loop and starved a GPU at the start of a burst (bench/NOTES-overhead.md).
                 *(group.create_task(supervised(f"intake-{n}", self._intake_loop)) for n in range(INTAKE_WORKERS)),
                 group.create_task(supervised("retry", self._retry_loop)),
+                # Our heartbeat, the other hosts' watched, the documents of dead ones taken over.
+                group.create_task(supervised("hosts", self._hosts().run)),
                 # Webhooks and hooks of final documents, from the journal (never in a document's way).
                 group.create_task(supervised("delivery", self._deliverer().run)),
             ]
@@ -323,6 +332,10 @@ class Daemon:
             for name, watcher in self.watchers.items()
         }
 
+    def _hosts(self) -> Hosts:
+        assert self.hosts is not None
+        return self.hosts
+
     def _deliverer(self) -> Deliverer:
         assert self.journal is not None
         return Deliverer(lambda: self.settings, self.journal, self.metrics)
@@ -374,8 +387,10 @@ class Daemon:
                 outcome = await self.pipeline.process(doc_id)
             finally:
                 self.work.done(doc_id)
-            inbox = (await self.journal.call(self.journal.get, doc_id)).inbox if self.journal else ""
-            self.metrics.documents.labels(inbox, "retried" if outcome.state == "queued" else outcome.state).inc()
+            doc = await self.journal.call(self.journal.find, doc_id) if self.journal else None
+            inbox = doc.inbox if doc is not None else ""  # None: taken over by another host, forgotten
+            state = {"queued": "retried", "taken over": "taken_over"}.get(outcome.state, outcome.state)
+            self.metrics.documents.labels(inbox, state).inc()
             self.metrics.stage_seconds.labels("document").observe(time.monotonic() - started)
 
     # -- systemd and metrics --------------------------------------------------------------------

@@ -12,6 +12,7 @@ import errno
 import glob
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -64,6 +65,44 @@ def place_copy(source: Path, folder: Path, name: str, free_name: Callable[[Path,
         tmp.unlink(missing_ok=True)
 
 
+def create_exclusively(path: Path, data: bytes, writer: str) -> bool:
+    """Make ``path`` hold ``data`` unless it exists (O_EXCL's promise, with its content whole from
+    the first moment: written aside, fsynced, then linked in): whether this call created it."""
+    tmp = path.with_name(f".{path.name}.{writer}.{os.getpid()}.tmp")
+    write_synced(tmp, data)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+    return True
+
+
+def reserve_name(target: Path, named_before: bool) -> bool:
+    """Take ``target`` for a file about to be renamed there (archive/, failed/), as an empty
+    placeholder made with O_CREAT|O_EXCL: a plain rename would silently replace a file another host
+    placed there a moment ago; a rename over our own placeholder replaces nothing of anyone's.
+    Returns whether the name is ours: created now, or (``named_before``: the journal named
+    ``target`` at an earlier attempt) an empty file already there, our placeholder from before a
+    crash. False: another file has the name; pick the next one."""
+    makedirs_durably(target.parent)
+    try:
+        fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        if not named_before:
+            return False
+        try:
+            st = target.lstat()
+        except FileNotFoundError:
+            return reserve_name(target, named_before)  # gone again: try once more
+        return stat.S_ISREG(st.st_mode) and st.st_size == 0
+    os.close(fd)
+    fsync_dir(target.parent)
+    return True
+
+
 def makedirs_durably(folder: Path) -> None:
     """``mkdir -p`` that also makes each new folder's entry durable (fsync of its parent).
 
@@ -85,9 +124,11 @@ def makedirs_durably(folder: Path) -> None:
         fsync_dir(path.parent)
 
 
-def write_file_durably(path: Path, data: bytes) -> None:
-    """Write via a temporary name, fsync, rename: the name shows either nothing or all of it."""
-    tmp = path.with_name(f".{path.name}.tmp")
+def write_file_durably(path: Path, data: bytes, writer: str = "") -> None:
+    """Write via a temporary name, fsync, rename: the name shows either nothing or all of it.
+    ``writer`` goes into the temporary name where several hosts may write ``path`` at once (each
+    must rename its own temporary file)."""
+    tmp = path.with_name(f".{path.name}.{writer}.tmp" if writer else f".{path.name}.tmp")
     write_synced(tmp, data)
     os.replace(tmp, path)
     fsync_dir(path.parent)

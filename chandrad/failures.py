@@ -17,10 +17,10 @@ from typing import Any
 
 import structlog
 
-from chandrad import publish
+from chandrad import hosts, publish
 from chandrad.backoff import backoff_seconds
 from chandrad.config import InboxSettings
-from chandrad.durable import makedirs_durably, move_durably, write_file_durably
+from chandrad.durable import makedirs_durably, move_durably, reserve_name, write_file_durably
 from chandrad.errors import DocumentError, WaitError
 from chandrad.journal import Document
 from chandrad.runtime import Outcome, Runtime, now_iso
@@ -149,13 +149,15 @@ class Failures:
         claimed = Path(doc.claimed_path) if doc.claimed_path else None
         target = Path(doc.final_path) if doc.final_path else None
         if runtime.move_originals and claimed is not None:
-            if target is None:
-                rel = publish.safe_relative(Path(doc.rel_path))
-                target = await asyncio.to_thread(publish.free_name, inbox.failed / rel.parent, rel.name)
-                # Named before the move: a crash after it finds the original there (complete_after_crash).
-                await journal.call(journal.set_state, doc.id, doc.state, final_path=str(target))
             report = failure_report(doc, inbox, entry, [*doc.history, entry])
             try:
+                if await asyncio.to_thread(lambda: claimed.exists() or claimed.is_symlink()):
+                    # Named and reserved before the move: a crash after it finds the original
+                    # there (complete_after_crash); another host's file of that name stays.
+                    target = await runtime.reserve_final_path(doc, inbox.failed, doc.state)
+                elif target is None:
+                    rel = publish.safe_relative(Path(doc.rel_path))
+                    target = await asyncio.to_thread(publish.free_name, inbox.failed / rel.parent, rel.name)
                 await asyncio.to_thread(_write_report_and_move, report, claimed, target)
             except OSError as move_error:
                 # Queue it again (failed/ full or unwritable): left in its old state, it would
@@ -170,6 +172,7 @@ class Failures:
         deliveries = await runtime.deliveries(doc, inbox, "failed", entry)
         await journal.call(journal.fail, doc.id, entry, deliveries)
         await runtime.clear_leftovers(doc, inbox)
+        await self.forget_content(doc, inbox)
         log.warning(
             "document failed",
             reason=error.reason,
@@ -187,15 +190,27 @@ class Failures:
         report = _report_bytes(failure_report(doc, inbox, entry, None))
 
         def write() -> Path:
-            target = publish.free_name(inbox.failed / rel.parent, rel.name + REPORT_SUFFIX)
-            makedirs_durably(target.parent)
-            write_file_durably(target, report)
-            return target
+            for _ in range(1000):
+                target = publish.free_name(inbox.failed / rel.parent, rel.name + REPORT_SUFFIX)
+                if reserve_name(target, named_before=False):  # another host's report keeps its name
+                    write_file_durably(target, report)
+                    return target
+            raise FileExistsError(f"no free name for {rel.name}{REPORT_SUFFIX} in {inbox.failed / rel.parent}")
 
         try:
             await asyncio.to_thread(write)
         except OSError as error:
             log.error("cannot write the failure report", error=str(error), folder=str(inbox.failed / rel.parent))
+
+    async def forget_content(self, doc: Document, inbox: InboxSettings) -> None:
+        """A failed document no longer stands for its content on the share: a copy dropped again
+        (on any host) is processed, not refused as its duplicate."""
+        if not self.runtime.move_originals or not doc.sha256:
+            return
+        try:
+            await asyncio.to_thread(hosts.forget_seen, inbox.path, doc.sha256, doc.id)
+        except OSError as error:
+            log.warning("cannot remove the content's seen marker", error=str(error))
 
     async def complete_after_crash(self, doc: Document, inbox: InboxSettings) -> Outcome | None:
         """``fail`` writes the report, moves the original to failed/, then commits; a crash after the
@@ -211,6 +226,7 @@ class Failures:
         deliveries = await self.runtime.deliveries(doc, inbox, "failed", entry)
         await journal.call(journal.fail, doc.id, entry, deliveries)
         await self.runtime.clear_leftovers(doc, inbox)
+        await self.forget_content(doc, inbox)
         log.warning("document failed (completed after a restart)", reason=entry.get("reason"), moved_to=str(final))
         return Outcome(doc.id, "failed", reason=str(entry.get("reason", "")))
 

@@ -1,11 +1,17 @@
 """Where chandrad keeps its own files, in one place: nothing else spells these paths.
 
-In each inbox, ``.chandrad/claimed/<doc_id>/<name>`` holds an original from the moment it is
-taken in until its last move (to archive/ or failed/): a scanner re-using the name cannot touch
-it, and the watcher ignores ``.chandrad``. In each outbox, ``.chandrad/staging/<doc_id>/doc`` is
-where a document's outputs are written before the one rename that publishes them (same
-filesystem, so the rename is atomic). Under ``state_dir``, ``work/<doc_id>`` holds a document's
-working copies (a repaired or flattened PDF).
+Several hosts may share one inbox; each keeps to its own folders there. In each inbox,
+``.chandrad/claimed/<host_id>/<doc_id>/<name>`` holds an original from the moment this host takes
+it in until its last move (to archive/ or failed/): a scanner re-using the name cannot touch it,
+and the watcher ignores ``.chandrad``. Beside it, ``claim.json`` says what the file is (its path
+in the inbox, its hash), so that another host can take the document over; ``claimed/<host_id>/
+heartbeat`` says the host is alive, and ``claimed/<host_id>/<doc_id>.taken`` that another host took
+that document over. ``.chandrad/seen/<sha256>`` names the first document with that content, for
+every host. In each outbox, ``.chandrad/staging/<host_id>/<doc_id>/doc`` is where a document's
+outputs are written before the one rename that publishes them (same filesystem, so the rename is
+atomic). Under ``state_dir``, ``work/<doc_id>`` holds a document's working copies (a repaired or
+flattened PDF). Claims and staging folders of an older chandrad (``claimed/<doc_id>``,
+``staging/<doc_id>``) lack the host level; the journal names them by their full path.
 """
 
 from __future__ import annotations
@@ -24,21 +30,64 @@ DAEMON_DIR = ".chandrad"
 
 
 def claimed_root(inbox_path: Path) -> Path:
+    """Every host's claims (and, from an older chandrad, claim folders of its documents)."""
     return inbox_path / DAEMON_DIR / "claimed"
 
 
-def claimed_path(inbox_path: Path, doc_id: str, rel_path: Path) -> Path:
+def host_claims(inbox_path: Path, host_id: str) -> Path:
+    """One host's claim folders, its heartbeat and the takeover markers of its documents."""
+    return claimed_root(inbox_path) / host_id
+
+
+def claim_dir(inbox_path: Path, host_id: str, doc_id: str) -> Path:
+    return host_claims(inbox_path, host_id) / doc_id
+
+
+def claimed_path(inbox_path: Path, host_id: str, doc_id: str, rel_path: Path) -> Path:
     """Where a document's original waits while it is processed."""
-    return claimed_root(inbox_path) / doc_id / safe_component(rel_path.name)
+    return claim_dir(inbox_path, host_id, doc_id) / safe_component(rel_path.name)
+
+
+CLAIM_RECORD = "claim.json"
+
+
+def claim_record(claim_folder: Path) -> Path:
+    """What the claimed file is (its path in the inbox, its hash): what a takeover needs."""
+    return claim_folder / CLAIM_RECORD
+
+
+def heartbeat_path(inbox_path: Path, host_id: str) -> Path:
+    return host_claims(inbox_path, host_id) / "heartbeat"
+
+
+TAKEN_SUFFIX = ".taken"
+
+
+def taken_marker(inbox_path: Path, host_id: str, doc_id: str) -> Path:
+    """Left in ``host_id``'s claims by the host that took ``doc_id`` over from it."""
+    return host_claims(inbox_path, host_id) / f"{doc_id}{TAKEN_SUFFIX}"
+
+
+def seen_root(inbox_path: Path) -> Path:
+    return inbox_path / DAEMON_DIR / "seen"
+
+
+def seen_marker(inbox_path: Path, sha256: str) -> Path:
+    """Names the document (and host) that first took in this content."""
+    return seen_root(inbox_path) / sha256
 
 
 def staging_root(outbox: Path) -> Path:
     return outbox / DAEMON_DIR / "staging"
 
 
-def staging_dir(outbox: Path, doc_id: str) -> Path:
+def host_staging(outbox: Path, host_id: str) -> Path:
+    return staging_root(outbox) / host_id
+
+
+def staging_dir(outbox: Path, host_id: str, doc_id: str) -> Path:
     """The folder renamed into the outbox when the document is published (its parent is the doc's)."""
-    return staging_root(outbox) / doc_id / "doc"
+    return host_staging(outbox, host_id) / doc_id / "doc"
 
 
 def work_root(state_dir: Path) -> Path:

@@ -1,10 +1,11 @@
 """A settled name becomes a claimed journal row: the first step of a document's journey.
 
-``Intake.take_in`` hashes the file, journals it (``settled``), moves it into the inbox's
-``.chandrad/claimed/<doc_id>/`` (an atomic rename, so a scanner re-using the name cannot touch it)
-and marks it ``queued``. Files that can never be read (a link, a device) and copies of content
-already taken in are journaled too, then failed with their reason: every name that enters an
-inbox ends somewhere.
+``Intake.take_in`` hashes the file, journals it (``settled``), moves it into this host's claims,
+``.chandrad/claimed/<host_id>/<doc_id>/`` beside its ``claim.json`` (an atomic rename, so a scanner
+re-using the name cannot touch it, and of several hosts only one wins it) and marks it ``queued``.
+Files that can never be read (a link, a device) and copies of content already taken in (here, or by
+another host: ``hosts.mark_seen``) are journaled too, then failed with their reason: every name
+that enters an inbox ends somewhere.
 """
 
 from __future__ import annotations
@@ -14,35 +15,51 @@ from pathlib import Path
 
 import structlog
 
-from chandrad import folders, prepare
+from chandrad import folders, hosts, prepare
 from chandrad.config import InboxSettings
 from chandrad.durable import move_durably
 from chandrad.errors import DocumentError, DuplicateError, PermanentError
 from chandrad.failures import Failures
 from chandrad.journal import Document
-from chandrad.runtime import Runtime, now_iso
+from chandrad.runtime import Runtime, now_iso, remove_claim_folder
 from chandrad.watch import SettledFile
 
 log = structlog.get_logger("chandrad.intake")
 
 
 async def duplicate_of(runtime: Runtime, doc: Document, inbox: InboxSettings) -> DuplicateError | None:
-    """Why ``doc`` is a copy of a document taken in before it, or None."""
+    """Why ``doc`` is a copy of a document taken in before it, here or by another host, or None.
+    Call it only once ``doc`` is claimed: its content's marker on the share is made here."""
     if inbox.effective(doc.rel_path).duplicates != "skip" or not doc.sha256:  # a rule may say otherwise
         return None
     journal = runtime.journal
     twin = await journal.call(journal.find_duplicate, doc.sha256, doc.id, True)
-    if twin is None:
+    if twin is not None:
+        where = (
+            f"published to {twin.output_dir}"
+            if twin.output_dir and twin.state == "published"
+            else ("still being processed")
+        )
+        return _duplicate(f"{twin.rel_path} (first seen {now_iso(twin.created_at)}, {where})")
+    if not runtime.move_originals:
         return None
-    where = (
-        f"published to {twin.output_dir}"
-        if twin.output_dir and twin.state == "published"
-        else ("still being processed")
-    )
+    for _ in range(3):
+        marker = await folders.probe(inbox.path, lambda: hosts.mark_seen(inbox.path, doc.sha256, runtime.host_id, doc))
+        if marker is None:
+            return None
+        known = await journal.call(journal.find, str(marker.get("doc_id")))
+        if known is None or known.state != "failed":
+            return _duplicate(
+                f"{marker.get('rel_path')} (taken in by host {marker.get('host_id')} at {marker.get('at')})"
+            )
+        # A marker our own failed document left (a crash before its removal): no twin.
+        await asyncio.to_thread(hosts.forget_seen, inbox.path, doc.sha256, known.id)
+    return None
+
+
+def _duplicate(original: str) -> DuplicateError:
     return DuplicateError(
-        f"it is identical to {twin.rel_path} (first seen {now_iso(twin.created_at)}, {where}); "
-        f'set duplicates = "reprocess" to process copies again',
-        stage="dedupe",
+        f'it is identical to {original}; set duplicates = "reprocess" to process copies again', stage="dedupe"
     )
 
 
@@ -116,13 +133,20 @@ class Intake:
     async def _claim(self, doc: Document, settled: SettledFile) -> Document | None:
         """Move the file into the claimed area and mark the document queued."""
         inbox, journal = settled.inbox, self.runtime.journal
-        claimed = folders.claimed_path(inbox.path, doc.id, settled.rel_path)
+        claimed = folders.claimed_path(inbox.path, self.runtime.host_id, doc.id, settled.rel_path)
+        record = hosts.claim_record_of(doc, self.runtime.host_id)
         try:
+            # The record first: a claim folder holding a file always says what it is (a takeover
+            # needs that), and a claim lost to another host leaves only the record, removed here.
+            await asyncio.to_thread(hosts.write_claim_record, claimed.parent, record)
             await asyncio.to_thread(move_durably, settled.path, claimed)
         except FileNotFoundError:
-            await journal.call(journal.forget, doc.id)  # gone before it was taken in: no document
+            # Gone before it was taken in (another host's claim came first): no document.
+            await asyncio.to_thread(remove_claim_folder, claimed.parent)
+            await journal.call(journal.forget, doc.id)
             return None
         except OSError as error:
+            await asyncio.to_thread(remove_claim_folder, claimed.parent)
             reason = (
                 f"chandrad cannot move the file out of the inbox: {error.strerror}; give its user "
                 f"write access to the folder and drop the file again (it was left where it is)"

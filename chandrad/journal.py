@@ -328,16 +328,35 @@ class Journal:
 
     # -- documents -------------------------------------------------------------------------------
 
-    def add_document(self, inbox: str, rel_path: str, sha256: str, size: int, mtime_ns: int) -> Document:
+    def add_document(
+        self,
+        inbox: str,
+        rel_path: str,
+        sha256: str,
+        size: int,
+        mtime_ns: int,
+        *,
+        doc_id: str | None = None,
+        created_at: float | None = None,
+    ) -> Document:
+        """A new ``settled`` row. ``doc_id`` and ``created_at`` are given for a document taken over
+        from another host: it keeps the id (its claim folder, seen marker and outputs name it) and
+        the time it was first seen."""
         now = self._clock()
-        doc_id = uuid.uuid4().hex[:16]
+        doc_id = doc_id or uuid.uuid4().hex[:16]
         rel_path = storable(rel_path)
         self._execute(
             "INSERT INTO documents (id, inbox, rel_path, sha256, size, mtime_ns, state, created_at, updated_at) "
             "VALUES (?, ?, ?, ?, ?, ?, 'settled', ?, ?)",
-            (doc_id, inbox, rel_path, sha256, size, mtime_ns, now, now),
+            (doc_id, inbox, rel_path, sha256, size, mtime_ns, now if created_at is None else created_at, now),
         )
         return self.get(doc_id)
+
+    def find(self, doc_id: str) -> Document | None:
+        try:
+            return self.get(doc_id)
+        except KeyError:
+            return None
 
     def get(self, doc_id: str) -> Document:
         row = self._execute("SELECT * FROM documents WHERE id = ?", (doc_id,)).fetchone()

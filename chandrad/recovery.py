@@ -3,8 +3,10 @@
 ``recover`` returns the documents to process again: a ``settled`` row whose claim was cut short
 is claimed now (or forgotten, if its file is gone: it never entered); ``preparing`` and
 ``inferring`` go back to ``queued`` (their finished pages are kept); ``queued`` and ``publishing``
-resume as they are (the stages know how). ``sweep_leftovers`` then removes the staging, work and
-empty claim folders of documents that are final.
+resume as they are (the stages know how); a document another host took over while this one was
+down is forgotten (``hosts.taken_over_by``), and a claim folder of ours the journal never recorded
+is adopted. ``sweep_leftovers`` then removes the staging, work and empty claim folders of
+documents that are final.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from pathlib import Path
 
 import structlog
 
-from chandrad import folders
+from chandrad import folders, hosts
 from chandrad.durable import move_durably
-from chandrad.journal import Document, storable
-from chandrad.runtime import Runtime
+from chandrad.journal import FINAL_STATES, Document, storable
+from chandrad.runtime import Runtime, remove_claim_folder
 
 log = structlog.get_logger("chandrad.recovery")
 
@@ -34,56 +36,115 @@ async def recover(runtime: Runtime) -> list[str]:
             log.warning("document belongs to an inbox no longer configured; leaving it", doc=doc.id)
             continue
         if doc.state == "settled":
-            claimed = folders.claimed_path(inbox.path, doc.id, Path(doc.rel_path))
-            if not await asyncio.to_thread(_finish_claim, inbox.path, doc, claimed):
-                await journal.call(journal.forget, doc.id)  # never taken in
+            claimed = folders.claimed_path(inbox.path, runtime.host_id, doc.id, Path(doc.rel_path))
+            if not await asyncio.to_thread(_finish_claim, inbox.path, doc, claimed, runtime.host_id):
+                await journal.call(journal.forget, doc.id)  # never taken in (or another host took it in)
                 continue
             await journal.call(journal.set_state, doc.id, "queued", claimed_path=str(claimed))
-        elif doc.state in ("preparing", "inferring"):
-            await journal.call(journal.set_state, doc.id, "queued")
+        else:
+            taker = await asyncio.to_thread(_taken_over, inbox.path, runtime.host_id, doc)
+            if taker is not None:
+                await hosts.forget_taken_over(runtime, doc, inbox, taker)
+                continue
+            if doc.state in ("preparing", "inferring"):
+                await journal.call(journal.set_state, doc.id, "queued")
         resumable.append(doc.id)
+    resumable += await _adopt_unrecorded_claims(runtime)
     if resumable:
         log.info("resuming documents interrupted by a stop or crash", count=len(resumable))
     await sweep_leftovers(runtime)
     return resumable
 
 
-def _finish_claim(inbox_path: Path, doc: Document, claimed: Path) -> bool:
+def _finish_claim(inbox_path: Path, doc: Document, claimed: Path, host_id: str) -> bool:
     """Move a half-claimed file into its claim folder: whether there is a claimed file now."""
     if claimed.exists():
         return True
     source = find_stored_name(inbox_path, doc.rel_path)
     if not (source.exists() or source.is_symlink()):
+        remove_claim_folder(claimed.parent)
         return False
-    move_durably(source, claimed)
+    if hosts.read_claim_record(claimed.parent) is None:
+        hosts.write_claim_record(claimed.parent, hosts.claim_record_of(doc, host_id))
+    try:
+        move_durably(source, claimed)
+    except FileNotFoundError:  # another host claimed it a moment ago
+        remove_claim_folder(claimed.parent)
+        return False
     return True
+
+
+def _taken_over(inbox_path: Path, host_id: str, doc: Document) -> str | None:
+    """The host that took this document over while we were down, or None (blocking)."""
+    if not doc.claimed_path:
+        return None
+    claimed = Path(doc.claimed_path)
+    if claimed.parent.parent != folders.host_claims(inbox_path, host_id):
+        return None  # claimed by an older chandrad (no host level): no other host takes those
+    if claimed.exists() or claimed.is_symlink():
+        hosts.keep_claim(inbox_path, host_id, doc.id)
+        return None
+    return hosts.taken_over_by(inbox_path, host_id, doc.id)
+
+
+async def _adopt_unrecorded_claims(runtime: Runtime) -> list[str]:
+    """Claim folders of ours that the journal does not know (a crash between a takeover's rename
+    and its journal commit) become documents again."""
+    adopted = []
+    for inbox in {inbox.path: inbox for inbox in runtime.inboxes.values()}.values():
+        for entry in await asyncio.to_thread(_subfolders, folders.host_claims(inbox.path, runtime.host_id)):
+            if await runtime.journal.call(runtime.journal.find, entry.name) is not None:
+                continue
+            doc = await hosts.journal_claim(runtime, inbox, entry)
+            if doc is not None:
+                log.info("adopted a claimed document the journal had not recorded", doc=doc.id, file=doc.rel_path)
+                adopted.append(doc.id)
+    return adopted
+
+
+# How many of the latest failed documents the start-up sweep checks for a seen marker left behind.
+FAILED_MARKERS_CHECKED = 200
 
 
 async def sweep_leftovers(runtime: Runtime) -> None:
     """Remove what a crash between a document's final commit and its clean-up left behind: its
-    staging and work folders and its empty claim folder. Folders of documents still in progress
-    are kept (they resume from them); a claim folder that still holds a file is never touched,
-    whatever the journal says, because that file may be someone's only copy."""
-    journal = runtime.journal
-    bases: list[tuple[str, Path]] = []
+    staging and work folders, its empty claim folder, and the seen marker of a failed one. Folders
+    of documents still in progress are kept (they resume from them); a claim folder that still
+    holds a file is never touched, whatever the journal says, because that file may be someone's
+    only copy. Of the folders without a host level (an older chandrad's, or another host's own
+    folder), only those of documents this journal knows are touched."""
+    me = runtime.host_id
+    bases: list[tuple[str, Path, bool]] = []
     for inbox in runtime.inboxes.values():
-        bases += [("staging", folders.staging_root(inbox.outbox)), ("claimed", folders.claimed_root(inbox.path))]
-    bases.append(("work", folders.work_root(runtime.settings.state_dir)))
-    for kind, base in bases:
-        for entry in await asyncio.to_thread(_subfolders, base):
-            try:
-                doc: Document | None = await journal.call(journal.get, entry.name)
-            except KeyError:
-                doc = None
-            if doc is not None and doc.state not in ("published", "failed"):
-                continue
-            if kind == "claimed":
-                try:
-                    await asyncio.to_thread(entry.rmdir)
-                except OSError:
-                    log.warning("a claimed file has no unfinished document; leaving it", path=str(entry))
-                continue
-            await asyncio.to_thread(shutil.rmtree, entry, True)
+        bases += [
+            ("staging", folders.host_staging(inbox.outbox, me), False),
+            ("staging", folders.staging_root(inbox.outbox), True),
+            ("claimed", folders.host_claims(inbox.path, me), False),
+            ("claimed", folders.claimed_root(inbox.path), True),
+        ]
+    bases.append(("work", folders.work_root(runtime.settings.state_dir), False))
+    for kind, base, only_known in bases:
+        await _sweep(runtime, kind, base, only_known)
+    journal = runtime.journal
+    for doc in await journal.call(journal.recent, FAILED_MARKERS_CHECKED, "failed"):
+        failed_in = runtime.inboxes.get(doc.inbox)
+        if failed_in is not None and doc.sha256 and runtime.move_originals:
+            await asyncio.to_thread(hosts.forget_seen, failed_in.path, doc.sha256, doc.id)
+
+
+async def _sweep(runtime: Runtime, kind: str, base: Path, only_known: bool) -> None:
+    journal = runtime.journal
+    for entry in await asyncio.to_thread(_subfolders, base):
+        doc = await journal.call(journal.find, entry.name)
+        if doc is None and only_known:
+            continue  # another host's folder, or not ours to judge
+        if doc is not None and doc.state not in FINAL_STATES:
+            continue
+        if kind == "claimed":
+            if not await asyncio.to_thread(remove_claim_folder, entry):
+                log.warning("a claimed file has no unfinished document; leaving it", path=str(entry))
+            continue
+        await asyncio.to_thread(shutil.rmtree, entry, True)
 
 
 def _subfolders(base: Path) -> list[Path]:

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chandrad import delivery, folders, prepare
+from chandrad import delivery, folders, prepare, publish
 from chandrad.config import InboxSettings, Settings
+from chandrad.durable import reserve_name
 from chandrad.engine.base import Engine
 from chandrad.journal import Document, Journal, NewDelivery
 
@@ -20,7 +21,7 @@ from chandrad.journal import Document, Journal, NewDelivery
 @dataclass(frozen=True)
 class Outcome:
     doc_id: str
-    state: str  # "published" | "failed" | "queued" (will be retried)
+    state: str  # "published" | "failed" | "queued" (will be retried) | "taken over" (by another host)
     output_dir: Path | None = None
     reason: str = ""
 
@@ -79,11 +80,34 @@ class Runtime:
         )
         return delivery.plan(webhooks, hooks, described, inbox)
 
+    @property
+    def host_id(self) -> str:
+        return self.settings.host_id
+
     def staging_dir(self, inbox: InboxSettings, doc_id: str) -> Path:
-        return folders.staging_dir(inbox.outbox, doc_id)
+        return folders.staging_dir(inbox.outbox, self.host_id, doc_id)
 
     def work_dir(self, doc_id: str) -> Path:
         return folders.work_dir(self.settings.state_dir, doc_id)
+
+    async def reserve_final_path(self, doc: Document, folder: Path, state: str) -> Path:
+        """Where ``doc``'s original goes in ``folder`` (archive/, failed/, back into the inbox): its
+        free name, journaled (in ``state``) and then reserved on disk (``durable.reserve_name``)
+        before the move, so that neither a crash nor another host publishing the same name at the
+        same moment makes the move replace a file. Call it only while the original is still
+        claimed (after the move, ``final_path`` is where it went)."""
+        rel = publish.safe_relative(Path(doc.rel_path))
+        named = Path(doc.final_path) if doc.final_path and Path(doc.final_path).is_relative_to(folder) else None
+        for _ in range(1000):
+            if named is not None:
+                target = named
+            else:
+                target = await asyncio.to_thread(publish.free_name, folder / rel.parent, rel.name)
+                await self.journal.call(self.journal.set_state, doc.id, state, final_path=str(target))
+            if await asyncio.to_thread(reserve_name, target, named is not None):
+                return target
+            named = None  # taken by another host between our look and our reservation: the next name
+        raise FileExistsError(f"no free name for {rel.name} in {folder / rel.parent}")
 
     async def clear_leftovers(self, doc: Document, inbox: InboxSettings) -> None:
         """A document is final: its page rows, staging and work folders and empty claim folder go."""
@@ -92,9 +116,31 @@ class Runtime:
 
     def _remove_folders(self, doc: Document, inbox: InboxSettings) -> None:
         shutil.rmtree(self.staging_dir(inbox, doc.id).parent, ignore_errors=True)
+        # A document begun by an older chandrad staged without the host level.
+        shutil.rmtree(folders.staging_root(inbox.outbox) / doc.id, ignore_errors=True)
         prepare.cleanup(self.work_dir(doc.id))
         if doc.claimed_path and self.move_originals:
-            try:
-                os.rmdir(Path(doc.claimed_path).parent)
-            except OSError:
-                pass  # not empty (someone's file) or already gone
+            remove_claim_folder(Path(doc.claimed_path).parent)
+
+
+def remove_claim_folder(folder: Path) -> bool:
+    """Remove a claim folder that holds no file but its ``claim.json``: whether it is gone. One
+    that still holds a file (someone's only copy, whatever the journal says) is left."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if any(name != folders.CLAIM_RECORD and not name.startswith(".") for name in names):
+        return False
+    for name in names:  # the record, and a temporary file a crash left while writing it
+        try:
+            os.unlink(folder / name)
+        except OSError:
+            pass
+    try:
+        os.rmdir(folder)
+    except OSError:
+        return False  # a file arrived meanwhile
+    return True

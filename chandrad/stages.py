@@ -23,7 +23,7 @@ from pathlib import Path
 import structlog
 from structlog.contextvars import bound_contextvars
 
-from chandrad import prepare, publish
+from chandrad import folders, hosts, prepare, publish
 from chandrad.config import InboxSettings
 from chandrad.durable import move_durably, place_copy, rename_dir_durably
 from chandrad.engine import pages_in_flight
@@ -68,6 +68,10 @@ class DocumentStages:
         with bound_contextvars(doc=doc.id, inbox=inbox.name, file=doc.rel_path):
             try:
                 return await self._journey(doc, inbox)
+            except hosts.ClaimLost as lost:
+                # Another host has the original now and publishes it: nothing is reported here.
+                await hosts.forget_taken_over(self.runtime, doc, inbox, lost.taker)
+                return Outcome(doc_id, "taken over")
             except DocumentError as error:
                 return await self.failures.handle(doc_id, error)
             except asyncio.CancelledError:
@@ -119,6 +123,7 @@ class DocumentStages:
             finished = await self.failures.complete_after_crash(doc, inbox)
             if finished is not None:
                 return finished
+            await self.check_still_ours(work)
             await probe(inbox.path, lambda: check_inbox_reachable(inbox))
             raise PermanentError("the claimed original disappeared from the inbox's .chandrad folder", stage="resume")
         if doc.state == "queued" and doc.attempts == 0:
@@ -128,6 +133,21 @@ class DocumentStages:
             if duplicate is not None:
                 return await self.failures.fail(doc, duplicate)
         return None
+
+    async def check_still_ours(self, work: Work) -> None:
+        """Raise ``ClaimLost`` if another host took the document over (its claimed original gone
+        from our claims): checked before publishing, so that a host whose heartbeat stalled, and
+        whose claim was taken, never publishes the document too."""
+        if not self.runtime.move_originals:
+            return
+        inbox, host_id, doc_id = work.inbox.path, self.runtime.host_id, work.doc.id
+        if work.claimed.parent.parent != folders.host_claims(inbox, host_id):
+            return  # a claim of an older chandrad: no host can take it over
+        taker = await probe(
+            inbox, lambda: None if work.claimed.exists() else hosts.taken_over_by(inbox, host_id, doc_id)
+        )
+        if taker is not None:
+            raise hosts.ClaimLost(taker)
 
     async def prepare(self, work: Work) -> None:
         journal, settings = self.runtime.journal, self.runtime.settings
@@ -177,6 +197,7 @@ class DocumentStages:
             )
         except OSError as error:
             raise _outbox_error(error) from None
+        await self.check_still_ours(work)
         await self._rename_into_outbox(work, stem)
 
     def _pdf_job(self, work: Work) -> SearchablePdfJob | None:
@@ -221,6 +242,10 @@ class DocumentStages:
             )
             # Named before the rename: after a crash, resume finds the outputs there (_published_by).
             work.doc = await journal.call(journal.set_state, doc.id, "publishing", output_dir=str(target))
+            if self.runtime.move_originals:
+                # And beside the claimed original: a host taking this document over after a crash
+                # right after the rename finishes it instead of publishing it a second time.
+                await asyncio.to_thread(hosts.note_output_dir, work.claimed, target)
             try:
                 await asyncio.to_thread(rename_dir_durably, work.staging, target)
                 return
@@ -244,15 +269,11 @@ class DocumentStages:
             else:
                 folder = inbox.archive if inbox.on_success == "archive" else inbox.path
                 assert folder is not None
-                if doc.final_path and Path(doc.final_path).is_relative_to(folder):
-                    target = Path(doc.final_path)
-                else:
-                    # None yet, or one in failed/ named by a failure whose move never happened (failed/
-                    # unwritable) before this retry published the document: it belongs here now.
-                    rel = publish.safe_relative(Path(doc.rel_path))
-                    target = await asyncio.to_thread(publish.free_name, folder / rel.parent, rel.name)
-                    await journal.call(journal.set_state, doc.id, "publishing", final_path=str(target))
-                await asyncio.to_thread(_move_if_there, claimed, target)
+                if await asyncio.to_thread(claimed.exists):  # else moved before a crash: nothing left to do
+                    # A final_path in failed/ (named by a failure whose move never happened, failed/
+                    # unwritable, before this retry published the document) gives way to one here.
+                    target = await runtime.reserve_final_path(doc, folder, "publishing")
+                    await asyncio.to_thread(move_durably, claimed, target)
         # The deliveries (webhooks, hooks) are committed with the state, in one transaction.
         deliveries = await runtime.deliveries(doc, inbox, "published")
         await journal.call(journal.publish, doc.id, deliveries)
@@ -314,11 +335,6 @@ def _pages_missing_figures(pages: list[PageRecord], staging: Path) -> list[int]:
     return [
         page.page_no for page in pages if any(not (staging / "images" / name).is_file() for name in page.image_names)
     ]
-
-
-def _move_if_there(claimed: Path, target: Path) -> None:
-    if claimed.exists():
-        move_durably(claimed, target)
 
 
 def _published_by(output_dir: Path, doc_id: str) -> bool:

@@ -145,7 +145,13 @@ class DaemonProcess:
         found = []
         for base in (self.outbox / ".chandrad" / "staging", self.inbox / ".chandrad" / "claimed"):
             if base.exists():
-                found += list(base.rglob("*"))
+                for path in base.rglob("*"):
+                    within = path.relative_to(base).parts
+                    if len(within) == 1 and path.is_dir():
+                        continue  # a host's own folder (claims, staging): it stays
+                    if len(within) == 2 and within[1] == "heartbeat":
+                        continue  # a host's heartbeat
+                    found.append(path)
         for base in (self.outbox, self.archive, self.failed):
             if base.exists():
                 found += list(base.rglob("*.tmp"))

@@ -142,7 +142,7 @@ async def test_the_last_attempt_moves_the_original_to_failed_beside_its_report(t
         assert [(e["reason"], e["attempt"]) for e in row.history] == [("first try", 1), ("second try", 2)]
         assert row.history[-1]["detail"] == "rc=1"
         assert row.state == "failed" and row.attempts == 2 and row.final_path == str(moved)
-        assert not folders.claimed_root(world.inbox.path).joinpath(doc.id).exists()
+        assert not folders.claim_dir(world.inbox.path, world.runtime.host_id, doc.id).exists()
     finally:
         world.journal.close()
 

@@ -80,7 +80,7 @@ async def test_a_settled_file_is_moved_into_its_claim_folder_and_queued(world: W
     assert doc.state == "queued"
     assert doc.rel_path == "sub/scan.png"
     assert doc.sha256 == hashlib.sha256(data).hexdigest()
-    claimed = folders.claimed_path(world.inbox.path, doc.id, Path("sub/scan.png"))
+    claimed = folders.claimed_path(world.inbox.path, world.runtime.host_id, doc.id, Path("sub/scan.png"))
     assert doc.claimed_path == str(claimed)
     assert claimed.read_bytes() == data
     assert not source.exists(), "the name in the inbox is free again: a scanner re-using it cannot touch ours"

@@ -35,7 +35,7 @@ class World:
 
     def claimed(self, doc: Document, data: bytes | None = b"scan") -> Path:
         """The document's claimed original (written when ``data`` is given; the folder only if None)."""
-        path = folders.claimed_path(self.inbox.path, doc.id, Path(doc.rel_path))
+        path = folders.claimed_path(self.inbox.path, self.settings.host_id, doc.id, Path(doc.rel_path))
         path.parent.mkdir(parents=True, exist_ok=True)
         if data is not None:
             path.write_bytes(data)
@@ -43,7 +43,7 @@ class World:
 
     def leftovers(self, doc: Document) -> tuple[Path, Path]:
         """A staging and a work folder with a file in each, as a document in progress has them."""
-        staging = folders.staging_dir(self.inbox.outbox, doc.id)
+        staging = folders.staging_dir(self.inbox.outbox, self.settings.host_id, doc.id)
         work = folders.work_dir(self.settings.state_dir, doc.id)
         for folder in (staging, work):
             folder.mkdir(parents=True)
@@ -85,7 +85,7 @@ async def test_a_settled_row_whose_file_is_still_at_its_name_is_claimed_and_queu
     doc = world.add("sub/scan.pdf")
     assert await recover(world.runtime) == [doc.id]
     row = world.journal.get(doc.id)
-    claimed = folders.claimed_path(world.inbox.path, doc.id, Path("sub/scan.pdf"))
+    claimed = folders.claimed_path(world.inbox.path, world.settings.host_id, doc.id, Path("sub/scan.pdf"))
     assert row.state == "queued" and row.claimed_path == str(claimed)
     assert claimed.read_bytes() == b"%PDF-1.4 not moved yet" and not source.exists()
 
@@ -172,17 +172,24 @@ async def test_the_sweep_keeps_the_folders_of_documents_still_in_progress(world:
 
 async def test_a_claim_folder_holding_a_file_is_never_touched_whatever_the_journal_says(world: World) -> None:
     """Published, or unknown to the journal: the file in its claim folder may be someone's only
-    copy, so it stays. Folders of ids the journal does not know are otherwise swept as final."""
+    copy, so it stays. In this host's folders, ids the journal does not know are otherwise swept as
+    final; outside them (another host's folder, or an older chandrad's), they are left alone."""
     published = world.add("done.pdf", "published")
     kept_published = world.claimed(published, b"only copy")
-    unknown = folders.claimed_root(world.inbox.path) / "0123456789abcdef" / "mystery.pdf"
+    own = folders.host_claims(world.inbox.path, world.settings.host_id)
+    unknown = own / "0123456789abcdef" / "mystery.pdf"
     unknown.parent.mkdir(parents=True)
     unknown.write_bytes(b"another only copy")
-    empty_unknown = folders.claimed_root(world.inbox.path) / "fedcba9876543210"
+    empty_unknown = own / "fedcba9876543210"
     empty_unknown.mkdir()
-    unknown_staging = folders.staging_dir(world.inbox.outbox, "fedcba9876543210")
+    other_host = folders.claimed_root(world.inbox.path) / "fedcba9876543211"
+    other_host.mkdir()
+    unknown_staging = folders.staging_dir(world.inbox.outbox, world.settings.host_id, "fedcba9876543210")
     unknown_staging.mkdir(parents=True)
+    other_staging = folders.staging_root(world.inbox.outbox) / "fedcba9876543211" / "doc"
+    other_staging.mkdir(parents=True)
     await sweep_leftovers(world.runtime)
     assert kept_published.read_bytes() == b"only copy"
     assert unknown.read_bytes() == b"another only copy"
     assert not empty_unknown.exists() and not unknown_staging.parent.exists()
+    assert other_host.is_dir() and other_staging.is_dir(), "not ours: left alone"

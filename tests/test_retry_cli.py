@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import signal
 import subprocess
 import sys
@@ -51,7 +52,7 @@ def test_retry_puts_a_failed_document_back_whether_the_daemon_is_stopped_or_runn
     done = chandrad(daemon, "retry", doc["id"])
     assert done.returncode == 0, done.stderr
     assert "queued again" in done.stdout
-    claimed = daemon.inbox / ".chandrad" / "claimed" / doc["id"] / NAME
+    claimed = daemon.inbox / ".chandrad" / "claimed" / socket.gethostname() / doc["id"] / NAME  # the default host_id
     assert claimed.exists() and not (daemon.failed / NAME).exists() and not report.exists()
     queued = row(daemon)
     assert (queued["state"], queued["attempts"], queued["claimed_path"], queued["final_path"]) == (

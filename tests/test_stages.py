@@ -74,7 +74,7 @@ class World:
     def work(self, doc_id: str) -> Work:
         doc = self.journal.get(doc_id)
         assert doc.claimed_path is not None
-        return Work(doc, self.inbox, Path(doc.claimed_path), folders.staging_dir(self.inbox.outbox, doc.id))
+        return Work(doc, self.inbox, Path(doc.claimed_path), folders.staging_dir(self.inbox.outbox, self.settings.host_id, doc.id))
 
     @property
     def archive(self) -> Path:
@@ -136,9 +136,9 @@ async def test_a_queued_document_is_published_with_its_outputs_in_the_outbox_and
     final = world.journal.get(doc.id)
     assert final.state == "published" and final.final_path == str(world.archive / "report.pdf")
     assert world.journal.pages(doc.id) == [], "page rows are dropped once the document is final"
-    assert not folders.staging_dir(world.inbox.outbox, doc.id).parent.exists()
+    assert not folders.staging_dir(world.inbox.outbox, world.settings.host_id, doc.id).parent.exists()
     assert not folders.work_dir(world.settings.state_dir, doc.id).exists()
-    assert not folders.claimed_root(world.inbox.path).joinpath(doc.id).exists()
+    assert not folders.claim_dir(world.inbox.path, world.settings.host_id, doc.id).exists()
 
 
 async def test_each_step_commits_its_state_and_leaves_the_files_where_the_next_step_expects_them(
@@ -268,7 +268,7 @@ async def test_a_copy_left_queued_by_a_crash_before_its_duplicate_check_fails_as
     copy_path.write_bytes(data)
     st = copy_path.lstat()
     copy = world.journal.add_document(world.inbox.name, "copy.png", original.sha256, st.st_size, st.st_mtime_ns)
-    claimed = folders.claimed_path(world.inbox.path, copy.id, Path("copy.png"))
+    claimed = folders.claimed_path(world.inbox.path, world.settings.host_id, copy.id, Path("copy.png"))
     claimed.parent.mkdir(parents=True)
     copy_path.rename(claimed)
     world.journal.set_state(copy.id, "queued", claimed_path=str(claimed))  # ... and the crash

@@ -1,0 +1,446 @@
+"""Several chandrad hosts on one shared inbox: claims another host can read, heartbeats, takeovers
+and the markers that recognise duplicates across hosts.
+
+Each host claims into its own folder (``claimed/<host_id>/<doc_id>/``, with a ``claim.json`` that
+says what the file is) and rewrites its ``heartbeat`` there every ``heartbeat_interval``. A host
+judges another dead on its own monotonic clock: when that host's heartbeat has not changed for
+``takeover_seconds`` since this one first saw it (so no clock skew between machines matters, and a
+host just started waits that long before it takes anything over). A dead host's claim folders are
+taken over one by one: a ``<doc_id>.taken`` marker first, then an atomic rename into our claims
+(of several survivors, exactly one rename succeeds); the winner journals the document under the
+same id and processes it from the start. The marker tells the dead host, once restarted, that the
+document is no longer its own (``taken_over_by``).
+
+Duplicates: ``seen/<sha256>``, created with O_EXCL after a successful claim, names the document
+that first took that content in, whichever host it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from chandrad import folders
+from chandrad.config import InboxSettings, Settings
+from chandrad.durable import create_exclusively, fsync_dir, makedirs_durably, write_file_durably
+from chandrad.errors import ConfigError, InboxUnreachableError
+from chandrad.journal import FINAL_STATES, Document
+from chandrad.runtime import Runtime, now_iso
+
+log = structlog.get_logger("chandrad.hosts")
+
+MAX_HEARTBEAT_SECONDS = 30.0
+
+
+def heartbeat_interval(takeover_seconds: float) -> float:
+    """How often a host rewrites its heartbeat: four beats fit in the time others wait for one."""
+    return min(MAX_HEARTBEAT_SECONDS, takeover_seconds / 4)
+
+
+class ClaimLost(Exception):
+    """Another host took the document over (this host's heartbeat looked dead to it): this host
+    must stop working on it and never publish it."""
+
+    def __init__(self, taker: str) -> None:
+        super().__init__(f"document taken over by host {taker}")
+        self.taker = taker
+
+
+# -- the claim record ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    """What a claimed file is, written beside it: the claim folder keeps only the file's name, a
+    takeover needs its sub-folders and hash. ``output_dir`` is named before the outputs' rename,
+    so that a host taking over a document published but not yet archived finishes it instead of
+    publishing it twice."""
+
+    rel_path: str
+    sha256: str
+    size: int
+    mtime_ns: int
+    inbox: str
+    first_seen: float
+    host_id: str
+    output_dir: str | None = None
+
+    def encoded(self) -> bytes:
+        return (json.dumps(asdict(self), ensure_ascii=False, indent=1) + "\n").encode("utf-8")
+
+
+def claim_record_of(doc: Document, host_id: str) -> ClaimRecord:
+    return ClaimRecord(doc.rel_path, doc.sha256, doc.size, doc.mtime_ns, doc.inbox, doc.created_at, host_id)
+
+
+def write_claim_record(claim_folder: Path, record: ClaimRecord) -> None:
+    """Blocking. Creates the claim folder (durably) if needed."""
+    makedirs_durably(claim_folder)
+    write_file_durably(folders.claim_record(claim_folder), record.encoded())
+
+
+def read_claim_record(claim_folder: Path) -> ClaimRecord | None:
+    try:
+        values = json.loads(folders.claim_record(claim_folder).read_text(encoding="utf-8"))
+        return ClaimRecord(**values)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def note_output_dir(claimed: Path, output_dir: Path) -> None:
+    """Add the output folder to the record of the claim ``claimed`` lies in (blocking; a claim of an
+    older chandrad without a record is left so)."""
+    record = read_claim_record(claimed.parent)
+    if record is not None and record.output_dir != str(output_dir):
+        write_claim_record(claimed.parent, ClaimRecord(**{**asdict(record), "output_dir": str(output_dir)}))
+
+
+def claimed_file(claim_folder: Path) -> Path | None:
+    """The original in a claim folder (its record and temporary files do not count)."""
+    try:
+        names = os.listdir(claim_folder)
+    except OSError:
+        return None
+    for name in names:
+        if name != folders.CLAIM_RECORD and not name.startswith("."):
+            return claim_folder / name
+    return None
+
+
+# -- who has a document -------------------------------------------------------------------------
+
+
+def taken_over_by(inbox_path: Path, host_id: str, doc_id: str) -> str | None:
+    """The host that took ``doc_id`` over from ``host_id``, or None (blocking). Its claim folder
+    under another host's claims says so; else our ``<doc_id>.taken`` marker, which a taker writes
+    just before its rename. Call it when our claimed original is gone: a marker beside a claim
+    folder still here only means that the taker stopped between the two (``keep_claim``)."""
+    try:
+        hosts = [entry for entry in folders.claimed_root(inbox_path).iterdir() if entry.name != host_id]
+    except OSError:
+        hosts = []
+    for other in hosts:
+        if (other / doc_id).is_dir():
+            return other.name
+    marker = folders.taken_marker(inbox_path, host_id, doc_id)
+    try:
+        return str(json.loads(marker.read_text(encoding="utf-8")).get("host_id") or "another host")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError):
+        return "another host"
+
+
+def keep_claim(inbox_path: Path, host_id: str, doc_id: str) -> None:
+    """Our claim folder is still here: a marker left by a taker that stopped before its rename
+    no longer applies (blocking)."""
+    folders.taken_marker(inbox_path, host_id, doc_id).unlink(missing_ok=True)
+
+
+async def forget_taken_over(runtime: Runtime, doc: Document, inbox: InboxSettings, taker: str) -> None:
+    """The document is another host's now: no trace of it stays here, and nothing is reported
+    (it is neither failed nor lost; the taker publishes it)."""
+    journal = runtime.journal
+    await journal.call(journal.forget, doc.id)
+
+    def clean() -> None:
+        shutil.rmtree(runtime.staging_dir(inbox, doc.id).parent, ignore_errors=True)
+        shutil.rmtree(runtime.work_dir(doc.id), ignore_errors=True)
+        folders.taken_marker(inbox.path, runtime.host_id, doc.id).unlink(missing_ok=True)
+
+    await asyncio.to_thread(clean)
+    log.info("document taken over by another host", doc=doc.id, inbox=inbox.name, file=doc.rel_path, host=taker)
+
+
+async def journal_claim(runtime: Runtime, inbox: InboxSettings, claim_folder: Path) -> Document | None:
+    """A claim folder of ours the journal has not recorded (taken over just now, or before a crash
+    that came before the journal's commit) becomes a document under the folder's id: queued, to be
+    processed from the start, or ``publishing`` if its record names an output folder (resume then
+    finishes it if those outputs are its own). None: the folder holds no file or no record, or
+    the journal has it as final."""
+    record = await asyncio.to_thread(read_claim_record, claim_folder)
+    original = await asyncio.to_thread(claimed_file, claim_folder)
+    if record is None or original is None:
+        return None
+    journal, doc_id = runtime.journal, claim_folder.name
+    doc = await journal.call(journal.find, doc_id)
+    if doc is None:
+        doc = await journal.call(
+            journal.add_document,
+            inbox.name,
+            record.rel_path,
+            record.sha256,
+            record.size,
+            record.mtime_ns,
+            doc_id=doc_id,
+            created_at=record.first_seen,
+        )
+    elif doc.state in FINAL_STATES:
+        log.warning("a claimed file belongs to a final document; leaving it", doc=doc_id, path=str(original))
+        return None
+    state = "publishing" if record.output_dir else "queued"
+    if doc.state in ("queued", "publishing") and doc.claimed_path is not None:
+        state = doc.state
+    fields: dict[str, Any] = {"claimed_path": str(original), "next_attempt_at": 0.0}
+    if record.output_dir:
+        fields["output_dir"] = record.output_dir
+    return await journal.call(journal.set_state, doc_id, state, **fields)
+
+
+# -- heartbeats ---------------------------------------------------------------------------------
+
+
+def machine_id() -> str:
+    try:
+        return Path("/etc/machine-id").read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def read_heartbeat(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def check_host_id_free(settings: Settings, now: float | None = None) -> None:
+    """Refuse to start when this host_id's heartbeat, on any inbox, was written recently by another
+    machine: two machines claiming into one folder would take each other's documents for their
+    own. Judged by the wall clock (the only one two machines share), within ``takeover_seconds``.
+    Blocking."""
+    mine = machine_id()
+    now = time.time() if now is None else now
+    for inbox in settings.inbox:
+        beat = read_heartbeat(folders.heartbeat_path(inbox.path, settings.host_id))
+        if not beat or not mine or not beat.get("machine_id") or beat["machine_id"] == mine:
+            continue
+        age = now - float(beat.get("at", 0))
+        if abs(age) < settings.takeover_seconds:
+            raise ConfigError(
+                f"host_id {settings.host_id} is in use by another machine (machine-id {beat['machine_id']}, "
+                f"pid {beat.get('pid')}, its heartbeat in {inbox.path} {age:.0f} s old); give each host its "
+                f"own host_id"
+            )
+
+
+class HostWatch:
+    """Which other hosts are dead, judged on this host's monotonic clock: a host whose heartbeat
+    content has not changed for ``takeover_seconds`` since this one last saw it change (or first
+    saw it). Pure; the clock is injected."""
+
+    def __init__(self, takeover_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.takeover_seconds = takeover_seconds
+        self.clock = clock
+        self._seen: dict[tuple[Path, str], tuple[bytes, float]] = {}
+
+    def observe(self, inbox_path: Path, host_id: str, content: bytes) -> None:
+        key = (inbox_path, host_id)
+        previous = self._seen.get(key)
+        if previous is None or previous[0] != content:
+            self._seen[key] = (content, self.clock())
+
+    def unchanged_for(self, inbox_path: Path, host_id: str) -> float | None:
+        seen = self._seen.get((inbox_path, host_id))
+        return None if seen is None else self.clock() - seen[1]
+
+    def is_dead(self, inbox_path: Path, host_id: str) -> bool:
+        unchanged = self.unchanged_for(inbox_path, host_id)
+        return unchanged is not None and unchanged >= self.takeover_seconds
+
+    def hosts(self) -> dict[str, float]:
+        """Each host seen (on any inbox) and how long its heartbeat has been unchanged, in seconds."""
+        ages: dict[str, float] = {}
+        now = self.clock()
+        for (_, host_id), (_, changed) in self._seen.items():
+            ages[host_id] = min(ages.get(host_id, float("inf")), now - changed)
+        return ages
+
+
+def _other_heartbeats(inbox_path: Path, host_id: str) -> dict[str, bytes]:
+    """Every other host's heartbeat content on this inbox (blocking). A folder without one is
+    a claim folder of an older chandrad, not a host."""
+    beats: dict[str, bytes] = {}
+    try:
+        entries = list(folders.claimed_root(inbox_path).iterdir())
+    except OSError:
+        return beats
+    for entry in entries:
+        if entry.name == host_id:
+            continue
+        try:
+            beats[entry.name] = (entry / "heartbeat").read_bytes()
+        except OSError:
+            continue
+    return beats
+
+
+def _dead_host_claims(inbox_path: Path, dead: str) -> list[str]:
+    """The ids of a dead host's claim folders that hold a file and its record (blocking)."""
+    try:
+        entries = list(folders.host_claims(inbox_path, dead).iterdir())
+    except OSError:
+        return []
+    return [
+        entry.name
+        for entry in entries
+        if entry.is_dir()
+        and not entry.is_symlink()
+        and folders.claim_record(entry).is_file()
+        and claimed_file(entry) is not None
+    ]
+
+
+def _take_folder(inbox_path: Path, dead: str, me: str, doc_id: str) -> Path | None:
+    """Mark, then rename a dead host's claim folder into ours (blocking): the folder now, or None
+    if another survivor's rename came first (then nothing is removed: the marker is the winner's
+    as much as ours)."""
+    marker = {"host_id": me, "at": now_iso()}
+    write_file_durably(folders.taken_marker(inbox_path, dead, doc_id), json.dumps(marker).encode("utf-8"), writer=me)
+    source = folders.claim_dir(inbox_path, dead, doc_id)
+    target = folders.claim_dir(inbox_path, me, doc_id)
+    makedirs_durably(target.parent)
+    try:
+        os.rename(source, target)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            log.warning("a claim folder of ours already has this id; not taking it over", doc=doc_id, host=dead)
+            return None
+        raise
+    fsync_dir(target.parent)
+    fsync_dir(source.parent)
+    return target
+
+
+class Hosts:
+    """The hosts task: our heartbeat on every inbox, the other hosts' watched, the dead ones'
+    documents taken over. ``on_taken`` hands a taken-over document's id to the workers."""
+
+    def __init__(
+        self, runtime: Runtime, on_taken: Callable[[str], object], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.runtime = runtime
+        self.on_taken = on_taken
+        self.watch = HostWatch(runtime.settings.takeover_seconds, clock)
+        self.seq = 0
+        self.machine_id = machine_id()
+
+    @property
+    def interval(self) -> float:
+        return heartbeat_interval(self.runtime.settings.takeover_seconds)
+
+    def _inboxes(self) -> list[InboxSettings]:
+        return list({inbox.path: inbox for inbox in self.runtime.settings.inbox}.values())
+
+    async def beat(self) -> None:
+        """Write our heartbeat on every reachable inbox (at start-up, before anything is claimed)."""
+        self.seq += 1
+        content = {
+            "host_id": self.runtime.host_id,
+            "machine_id": self.machine_id,
+            "pid": os.getpid(),
+            "seq": self.seq,
+            "at": now_iso(),
+        }
+        data = json.dumps(content).encode("utf-8")
+        for inbox in self._inboxes():
+            path = folders.heartbeat_path(inbox.path, self.runtime.host_id)
+
+            def write(path: Path = path) -> None:
+                makedirs_durably(path.parent)
+                write_file_durably(path, data)
+
+            try:
+                await folders.probe(inbox.path, write)
+            except (OSError, InboxUnreachableError) as error:
+                log.warning("cannot write the heartbeat", inbox=inbox.name, error=str(error))
+
+    async def run(self) -> None:
+        while True:
+            await self.beat()
+            for inbox in self._inboxes():
+                try:
+                    await self.look_after(inbox)
+                except (OSError, InboxUnreachableError) as error:
+                    log.warning("cannot look at the other hosts", inbox=inbox.name, error=str(error))
+            await asyncio.sleep(self.interval)
+
+    async def look_after(self, inbox: InboxSettings) -> None:
+        """Read the other hosts' heartbeats on one inbox and take over the documents of the dead."""
+        self.watch.takeover_seconds = self.runtime.settings.takeover_seconds  # after a reload
+        me = self.runtime.host_id
+        beats = await folders.probe(inbox.path, lambda: _other_heartbeats(inbox.path, me))
+        for host_id, content in beats.items():
+            self.watch.observe(inbox.path, host_id, content)
+            if self.watch.is_dead(inbox.path, host_id):
+                await self.take_over(inbox, host_id)
+
+    async def take_over(self, inbox: InboxSettings, dead: str) -> None:
+        me = self.runtime.host_id
+        for doc_id in await folders.probe(inbox.path, lambda: _dead_host_claims(inbox.path, dead)):
+            folder = await asyncio.to_thread(_take_folder, inbox.path, dead, me, doc_id)
+            if folder is None:
+                continue
+            doc = await journal_claim(self.runtime, inbox, folder)
+            await asyncio.to_thread(
+                shutil.rmtree, folders.host_staging(inbox.outbox, dead) / doc_id, True
+            )  # the dead host's half-made outputs: processed from the start here
+            unchanged = self.watch.unchanged_for(inbox.path, dead) or 0.0
+            log.warning(
+                "took over a document of a host that stopped",
+                doc=doc_id,
+                inbox=inbox.name,
+                host=dead,
+                file=doc.rel_path if doc else None,
+                heartbeat_unchanged_s=round(unchanged, 1),
+            )
+            if doc is not None:
+                self.on_taken(doc.id)
+
+
+# -- duplicates across hosts ---------------------------------------------------------------------
+
+
+def mark_seen(inbox_path: Path, sha256: str, host_id: str, doc: Document) -> dict[str, Any] | None:
+    """Record that ``doc`` took this content in, unless a marker is there already (blocking).
+    Returns the marker of another document if there is one (ours: None)."""
+    marker = folders.seen_marker(inbox_path, sha256)
+    content = {"host_id": host_id, "doc_id": doc.id, "rel_path": doc.rel_path, "at": now_iso(doc.created_at)}
+    makedirs_durably(marker.parent)
+    if create_exclusively(marker, json.dumps(content, ensure_ascii=False).encode("utf-8"), host_id):
+        return None
+    try:
+        existing = json.loads(marker.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return mark_seen(inbox_path, sha256, host_id, doc)  # removed meanwhile (its document failed)
+    except (OSError, ValueError):
+        return None  # unreadable: it cannot name a twin
+    if not isinstance(existing, dict) or existing.get("doc_id") == doc.id:
+        return None
+    return existing
+
+
+def forget_seen(inbox_path: Path, sha256: str, doc_id: str) -> None:
+    """Remove the content's marker if it names ``doc_id`` (which failed: a copy dropped again is
+    processed again). Blocking."""
+    if not sha256:
+        return
+    marker = folders.seen_marker(inbox_path, sha256)
+    try:
+        if json.loads(marker.read_text(encoding="utf-8")).get("doc_id") == doc_id:
+            marker.unlink(missing_ok=True)
+    except (OSError, ValueError, AttributeError):
+        pass
