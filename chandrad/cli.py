@@ -282,6 +282,7 @@ def status(config_path: Path | None, as_json: bool, only_failed: bool) -> None:
                 pass
     finally:
         journal.close()
+    hosts_seen = _hosts_seen(settings)
     report = {
         "counts": counts,
         "in_flight": [
@@ -306,6 +307,7 @@ def status(config_path: Path | None, as_json: bool, only_failed: bool) -> None:
             for d in failed
         ],
         "deliveries": delivery_counts,
+        "hosts": hosts_seen,
         "failed_deliveries": [_delivery_entry(d, files) for d in given_up],
         "retrying_deliveries": [_delivery_entry(d, files) for d in retrying],
     }
@@ -317,6 +319,8 @@ def status(config_path: Path | None, as_json: bool, only_failed: bool) -> None:
         click.echo(f"  in flight: {doc.rel_path} ({doc.inbox}) — {doc.state}")
     for doc in failed:
         click.echo(f"  failed {_local(doc.updated_at)}: {doc.rel_path} — {(doc.error or {}).get('reason', '')}")
+    for host in hosts_seen:
+        click.echo(f"  host {host['host']} on {host['inbox']}: heartbeat {host['age_s']} s ago (pid {host['pid']})")
     if delivery_counts:
         click.echo("deliveries: " + ", ".join(f"{state} {n}" for state, n in sorted(delivery_counts.items())))
     for delivery in given_up:
@@ -332,6 +336,27 @@ def status(config_path: Path | None, as_json: bool, only_failed: bool) -> None:
 
 
 FAILED_LISTED = 1000
+
+
+def _hosts_seen(settings: Settings) -> list[dict[str, object]]:
+    """Every host with a heartbeat on a configured inbox, and its age by this machine's clock
+    (the daemon itself judges by how long a heartbeat stays unchanged; this is for people)."""
+    from chandrad.hosts import read_heartbeat
+
+    seen: list[dict[str, object]] = []
+    for inbox in settings.inbox:
+        try:
+            beats = sorted(folders.claimed_root(inbox.path).glob("*/heartbeat"))
+        except OSError:
+            continue
+        for path in beats:
+            beat = read_heartbeat(path) or {}
+            try:
+                age = round(time.time() - path.stat().st_mtime, 1)
+            except OSError:
+                continue
+            seen.append({"inbox": inbox.name, "host": path.parent.name, "pid": beat.get("pid"), "age_s": age})
+    return seen
 
 
 def _print_failed(failed: list[Document], as_json: bool) -> None:

@@ -35,17 +35,17 @@ async def recover(runtime: Runtime) -> list[str]:
         if inbox is None:
             log.warning("document belongs to an inbox no longer configured; leaving it", doc=doc.id)
             continue
+        claimed = folders.claimed_path(inbox.path, runtime.host_id, doc.id, Path(doc.rel_path))
+        taker = await asyncio.to_thread(_taken_over, inbox.path, runtime.host_id, doc, claimed)
+        if taker is not None:
+            await hosts.forget_taken_over(runtime, doc, inbox, taker)
+            continue
         if doc.state == "settled":
-            claimed = folders.claimed_path(inbox.path, runtime.host_id, doc.id, Path(doc.rel_path))
             if not await asyncio.to_thread(_finish_claim, inbox.path, doc, claimed, runtime.host_id):
                 await journal.call(journal.forget, doc.id)  # never taken in (or another host took it in)
                 continue
             await journal.call(journal.set_state, doc.id, "queued", claimed_path=str(claimed))
         else:
-            taker = await asyncio.to_thread(_taken_over, inbox.path, runtime.host_id, doc)
-            if taker is not None:
-                await hosts.forget_taken_over(runtime, doc, inbox, taker)
-                continue
             if doc.state in ("preparing", "inferring"):
                 await journal.call(journal.set_state, doc.id, "queued")
         resumable.append(doc.id)
@@ -74,11 +74,10 @@ def _finish_claim(inbox_path: Path, doc: Document, claimed: Path, host_id: str) 
     return True
 
 
-def _taken_over(inbox_path: Path, host_id: str, doc: Document) -> str | None:
-    """The host that took this document over while we were down, or None (blocking)."""
-    if not doc.claimed_path:
-        return None
-    claimed = Path(doc.claimed_path)
+def _taken_over(inbox_path: Path, host_id: str, doc: Document, claimed_here: Path) -> str | None:
+    """The host that took this document over while we were down, or None (blocking).
+    ``claimed_here``: where it would be claimed now (a ``settled`` row has no ``claimed_path``)."""
+    claimed = Path(doc.claimed_path) if doc.claimed_path else claimed_here
     if claimed.parent.parent != folders.host_claims(inbox_path, host_id):
         return None  # claimed by an older chandrad (no host level): no other host takes those
     if claimed.exists() or claimed.is_symlink():

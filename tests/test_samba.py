@@ -7,6 +7,7 @@ CIFS itself needs kernel support this test machine does not offer to tests, so i
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -23,6 +24,8 @@ import pytest
 from PIL import Image, ImageDraw
 
 from tests.conftest import corpus_file, wait_for
+from tests.test_hosts import check_each_published_once, files_in, make_host, published_by
+from tests.test_hosts import page_png as hosts_page
 
 smbclient = pytest.importorskip("smbclient", reason="make test installs smbprotocol")
 
@@ -190,3 +193,44 @@ def test_a_burst_of_50_files_gives_50_results(share_daemon, polling):
     assert daemon.states() == {f"burst-{number:02d}.png": "published" for number in range(50)}
     assert sorted(published(daemon)) == [f"burst-{number:02d}" for number in range(50)]
     assert daemon.leftovers() == []
+
+
+def test_two_hosts_on_one_share_publish_a_burst_each_once_and_share_the_work(samba, tmp_path):
+    """Two chandrad hosts (own state_dir and host_id) watch the folder smbd serves; scanners write
+    through SMB. Every file is published once, by one of them, and both take part. The outbox is a
+    folder of the share too: publishing onto a name another host took fails (ENOTEMPTY) and the
+    next name is taken, never a mix of two documents."""
+    share, port = samba
+    shared = {"inbox": share / "two-hosts", "outbox": share / "two-hosts-out",
+              "archive": tmp_path / "archive", "failed": tmp_path / "failed"}
+    for folder in (shared["inbox"], shared["outbox"]):
+        folder.mkdir()
+        os.chown(folder, pwd.getpwnam(USER).pw_uid, -1)
+    taken, mine = shared["outbox"] / "taken", shared["outbox"] / "mine"
+    for folder in (taken, mine):
+        folder.mkdir()
+        (folder / "x.md").write_text(folder.name)
+    with pytest.raises(OSError) as refused:
+        os.rename(mine, taken)
+    assert refused.value.errno in (errno.ENOTEMPTY, errno.EEXIST), "a published folder is never replaced"
+    print(f"rename onto a published folder in the served outbox: {errno.errorcode[refused.value.errno]}")
+    shutil.rmtree(taken)
+    shutil.rmtree(mine)
+    hosts = [make_host(tmp_path, name, shared, takeover_seconds=3) for name in ("host-a", "host-b")]
+    try:
+        for daemon in hosts:
+            daemon.start()
+        scanner = Scanner(port, "two-hosts")
+        names = [f"share-{n:02d}.png" for n in range(40)]
+        for number, name in enumerate(names):
+            scanner.write(name, hosts_page(f"Share {number}"))
+        wait_for(lambda: len(files_in(shared["archive"])) >= len(names), 240, "every original archived")
+        assert all(daemon.stop() == 0 for daemon in hosts)
+        check_each_published_once(names, *hosts)
+        shares = [published_by(daemon) for daemon in hosts]
+        assert min(shares) > 0, f"both hosts did part of the work: {shares}"
+        assert hosts[0].leftovers() == []
+    finally:
+        for daemon in hosts:
+            if daemon.alive:
+                daemon.kill9()

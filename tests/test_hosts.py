@@ -1,0 +1,267 @@
+"""Several chandrad hosts on one shared inbox, as real daemons (child processes) with their own
+state_dir and host_id and the same inbox, outbox, archive and failed folders: every file is
+published once by exactly one of them, a killed host's claimed documents are taken over by the
+survivor, and a copy taken in by one host of content another host took in is a duplicate."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageDraw
+
+from chandrad import folders
+from chandrad.config import EngineSettings, InboxSettings, Settings
+from chandrad.errors import ConfigError
+from chandrad.hosts import HostWatch, check_host_id_free, mark_seen
+from chandrad.journal import Journal
+from tests.conftest import DaemonProcess, wait_for
+
+
+def page_png(text: str) -> bytes:
+    """A page whose short side needs no upscale (Chandra's 1 536 px), mostly white: the cheapest
+    page for tesseract to read."""
+    image = Image.new("L", (1536, 1536), 255)
+    ImageDraw.Draw(image).text((40, 80), text, fill=0)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def event_time(event: dict) -> float:
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def shared_folders(root: Path) -> dict[str, Path]:
+    return {name: root / name for name in ("inbox", "outbox", "archive", "failed")}
+
+
+def make_host(
+    root: Path, host_id: str, shared: dict[str, Path], takeover_seconds: float, inbox_config: str = ""
+) -> DaemonProcess:
+    """A daemon with its own state_dir (under ``root/<host_id>``) on the shared folders."""
+    home = root / host_id
+    home.mkdir(parents=True, exist_ok=True)
+    daemon = DaemonProcess(
+        home,
+        # Small pages read as they are (no upscale to 1024 px): tesseract's time is most of a test's.
+        extra_config=f'host_id = "{host_id}"\ntakeover_seconds = {takeover_seconds}\nmax_documents_in_flight = 4\n'
+        "[prepare]\nmin_short_side_px = 0\n",
+        inbox_config=(
+            f'outbox = "{shared["outbox"]}"\narchive = "{shared["archive"]}"\nfailed = "{shared["failed"]}"\n'
+            f"{inbox_config}"
+        ),
+    )
+    daemon.config.write_text(
+        daemon.config.read_text().replace(f'path = "{home / "inbox"}"', f'path = "{shared["inbox"]}"')
+    )
+    daemon.inbox, daemon.outbox, daemon.archive, daemon.failed = (
+        shared["inbox"], shared["outbox"], shared["archive"], shared["failed"]
+    )
+    return daemon
+
+
+@pytest.fixture
+def hosts(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    shared = shared_folders(tmp_path / "share")
+    shared["inbox"].mkdir(parents=True)
+    made: list[DaemonProcess] = []
+
+    def make(host_id: str, takeover_seconds: float = 3, inbox_config: str = "") -> DaemonProcess:
+        daemon = make_host(tmp_path, host_id, shared, takeover_seconds, inbox_config)
+        made.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in made:
+        if daemon.alive:
+            if daemon.proc is not None:
+                daemon.proc.send_signal(signal.SIGCONT)
+            daemon.kill9()
+
+
+def drop_all(inbox: Path, files: dict[str, bytes]) -> None:
+    """Write every file under a temporary name first, then rename them in, all at once."""
+    parts = inbox.parent / "parts"
+    parts.mkdir(exist_ok=True)
+    for name, data in files.items():
+        (parts / name).write_bytes(data)
+    for name in files:
+        os.replace(parts / name, inbox / name)
+
+
+def outputs(outbox: Path) -> list[str]:
+    """The published document folders in the outbox (a document published twice shows as ``x (2)``)."""
+    return sorted(p.name for p in outbox.iterdir() if p.name != folders.DAEMON_DIR) if outbox.exists() else []
+
+
+def files_in(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.is_file()) if folder.exists() else []
+
+
+def published_by(daemon: DaemonProcess) -> int:
+    return len(daemon.journal_rows("SELECT id FROM documents WHERE state = 'published'"))
+
+
+def check_each_published_once(names: list[str], *daemons: DaemonProcess) -> None:
+    stems = sorted(name.removesuffix(".png") for name in names)
+    outbox, archive = daemons[0].outbox, daemons[0].archive
+    assert outputs(outbox) == stems, "each file published once: no 'x (2)', none missing"
+    assert files_in(archive) == sorted(names), "each original archived once"
+    for stem in stems:
+        assert json.loads((outbox / stem / f"{stem}.json").read_text())["file_name"] == f"{stem}.png"
+    assert files_in(daemons[0].failed) == []
+    assert sum(published_by(daemon) for daemon in daemons) == len(names)
+
+
+@pytest.mark.timeout(600)
+def test_two_hosts_on_one_inbox_publish_a_burst_of_300_files_each_once_and_share_the_work(hosts):
+    first, second = hosts("host-a"), hosts("host-b")
+    first.start()
+    second.start()
+    names = [f"burst-{n:03d}.png" for n in range(300)]
+    started = time.monotonic()
+    drop_all(first.inbox, {name: page_png(f"Page {n}") for n, name in enumerate(names)})
+    wait_for(lambda: len(files_in(first.archive)) >= 300, 540, "300 originals archived")
+    seconds = time.monotonic() - started
+    assert first.stop() == 0 and second.stop() == 0
+    check_each_published_once(names, first, second)
+    shares = published_by(first), published_by(second)
+    assert min(shares) > 0, f"both hosts did part of the work: {shares}"
+    print(f"300 files on two hosts: {seconds:.1f} s, published {shares[0]} + {shares[1]}")
+    assert first.leftovers() == []
+
+
+def test_a_killed_hosts_claims_are_taken_over_and_published_once_and_never_again_by_it(hosts):
+    first, second = hosts("host-a"), hosts("host-b")
+    first.start()
+    second.start()
+    names = [f"kill-{n:02d}.png" for n in range(40)]
+    drop_all(first.inbox, {name: page_png(f"Kill {n}") for n, name in enumerate(names)})
+    claims = folders.host_claims(first.inbox, "host-a")
+
+    def claimed_by_first() -> list[str]:
+        return [p.name for p in claims.iterdir() if p.is_dir()] if claims.exists() else []
+
+    wait_for(lambda: published_by(first) >= 3 and len(claimed_by_first()) >= 3, 60, "host-a in the middle of work")
+    first.kill9()
+    killed_at = time.time()
+    held = claimed_by_first()
+    wait_for(lambda: len(files_in(first.archive)) >= len(names), 90, "every original archived")
+    all_done = time.time() - killed_at
+    taken = [e for e in second.events() if e.get("event") == "took over a document of a host that stopped"]
+    assert taken and {e["doc"] for e in taken} <= set(held), f"host-b took host-a's claims over (held: {held})"
+    to_first_takeover = min(event_time(e) for e in taken) - killed_at
+    assert to_first_takeover >= 3 - 0.5, "not before takeover_seconds without a heartbeat change"
+
+    first.start()  # restarted: what was taken over is neither processed again nor reported
+    wait_for(lambda: any(e.get("event") == "chandrad ready" for e in first.events()), 30, "host-a ready again")
+    time.sleep(2)
+    assert first.stop() == 0 and second.stop() == 0
+    check_each_published_once(names, first, second)
+    forgotten = {e["doc"] for e in first.events() if e.get("event") == "document taken over by another host"}
+    assert forgotten <= {e["doc"] for e in taken}
+    assert first.journal_rows("SELECT id FROM documents WHERE state != 'published'") == []
+    refused = [e for e in first.events() if e.get("event") in ("document failed", "document will be retried")]
+    assert refused == [], "a document taken over is neither failed nor lost"
+    print(
+        f"kill -9 of host-a holding {len(held)} claims: {len(taken)} taken over by host-b, the first "
+        f"{to_first_takeover:.1f} s after the kill, all {len(names)} archived {all_done:.1f} s after it "
+        f"(takeover_seconds = 3); host-a restarted forgot {len(forgotten)}"
+    )
+    assert first.leftovers() == []
+
+
+def test_one_content_claimed_by_two_hosts_is_published_once_and_the_copy_is_a_duplicate(hosts):
+    first, second = hosts("host-a", takeover_seconds=600), hosts("host-b", takeover_seconds=600)
+    data = page_png("Twice")
+    first.start()
+    drop_all(first.inbox, {"original.png": data})
+    wait_for(lambda: first.states().get("original.png") in ("queued", "preparing", "inferring", "publishing",
+                                                            "published"), 30, "host-a to claim the original")
+    assert first.proc is not None
+    first.proc.send_signal(signal.SIGSTOP)
+    try:
+        second.start()
+        drop_all(first.inbox, {"copy.png": data})
+        wait_for(lambda: second.states().get("copy.png") == "failed", 60, "host-b to refuse the copy")
+    finally:
+        first.proc.send_signal(signal.SIGCONT)
+    wait_for(lambda: first.states().get("original.png") == "published", 60, "host-a to publish the original")
+    assert first.stop() == 0 and second.stop() == 0
+    assert outputs(first.outbox) == ["original"]
+    assert files_in(first.failed) == ["copy.png", "copy.png.error.json"]
+    report = json.loads((first.failed / "copy.png.error.json").read_text())
+    assert report["kind"] == "duplicate" and "original.png" in report["reason"] and "host-a" in report["reason"]
+    assert "copy.png" not in first.states() and "original.png" not in second.states()
+
+
+# -- the parts, in process -----------------------------------------------------------------------
+
+
+def test_a_host_is_dead_only_once_its_heartbeat_is_unchanged_for_takeover_seconds_on_our_clock():
+    now = [100.0]
+    watch = HostWatch(10, clock=lambda: now[0])
+    inbox = Path("/share/inbox")
+    watch.observe(inbox, "b", b"seq 1")
+    now[0] += 9
+    assert not watch.is_dead(inbox, "b"), "seen first just now: a host just started waits takeover_seconds"
+    watch.observe(inbox, "b", b"seq 2")
+    now[0] += 9.5
+    watch.observe(inbox, "b", b"seq 2")
+    assert not watch.is_dead(inbox, "b")
+    now[0] += 0.5
+    assert watch.is_dead(inbox, "b") and watch.hosts() == {"b": 10.0}
+    watch.observe(inbox, "b", b"seq 3")
+    assert not watch.is_dead(inbox, "b"), "a restarted host is alive again"
+
+
+def test_a_host_id_whose_heartbeat_another_machine_wrote_recently_is_refused(tmp_path):
+    inbox = InboxSettings.model_validate({"path": tmp_path / "inbox"})
+    settings = Settings(state_dir=tmp_path / "state", inbox=(inbox,), host_id="scan1", takeover_seconds=60,
+                        engine=EngineSettings(kind="tesseract"), metrics_address="")
+    beat = folders.heartbeat_path(inbox.path, "scan1")
+    beat.parent.mkdir(parents=True)
+    beat.write_text(json.dumps({"host_id": "scan1", "machine_id": "not-this-machine", "pid": 1, "seq": 7,
+                                "at": time.time() - 5}))
+    if not Path("/etc/machine-id").is_file():
+        pytest.skip("this machine has no /etc/machine-id")
+    with pytest.raises(ConfigError, match="host_id scan1 is in use by another machine"):
+        check_host_id_free(settings)
+    check_host_id_free(settings, now=time.time() + 120)  # an old heartbeat: that machine is gone
+
+
+def test_the_seen_marker_names_the_first_document_and_the_second_finds_it(tmp_path):
+    journal = Journal(tmp_path / "journal.sqlite3")
+    try:
+        first = journal.add_document("scans", "a.pdf", "f" * 64, 1, 1)
+        second = journal.add_document("scans", "b.pdf", "f" * 64, 1, 1)
+        assert mark_seen(tmp_path, "f" * 64, "host-a", first) is None
+        assert mark_seen(tmp_path, "f" * 64, "host-a", first) is None, "our own marker is no twin"
+        twin = mark_seen(tmp_path, "f" * 64, "host-b", second)
+        assert twin is not None and (twin["doc_id"], twin["host_id"], twin["rel_path"]) == (first.id, "host-a", "a.pdf")
+    finally:
+        journal.close()
+
+
+def test_a_name_another_host_placed_a_moment_ago_is_never_replaced_by_a_move(tmp_path):
+    """The name is reserved with O_EXCL before the rename: taken, the next one is used."""
+    from chandrad.durable import reserve_name
+
+    target = tmp_path / "archive" / "scan.pdf"
+    target.parent.mkdir()
+    target.write_bytes(b"another host's original")
+    assert not reserve_name(target, named_before=False)
+    assert not reserve_name(target, named_before=True), "a file with content is someone's, even if named before"
+    assert target.read_bytes() == b"another host's original"
+    mine = tmp_path / "archive" / "scan (2).pdf"
+    assert reserve_name(mine, named_before=False) and mine.stat().st_size == 0
+    assert reserve_name(mine, named_before=True), "our own placeholder, after a crash: still ours"
+    assert not reserve_name(mine, named_before=False)
