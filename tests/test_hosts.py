@@ -265,3 +265,69 @@ def test_a_name_another_host_placed_a_moment_ago_is_never_replaced_by_a_move(tmp
     assert reserve_name(mine, named_before=False) and mine.stat().st_size == 0
     assert reserve_name(mine, named_before=True), "our own placeholder, after a crash: still ours"
     assert not reserve_name(mine, named_before=False)
+
+
+async def test_a_host_whose_claim_was_taken_while_it_worked_never_publishes_the_document(tmp_path):
+    """Its heartbeat looked dead to another host, which took the claim folder over while this one
+    was reading the pages: the check before publishing finds the original gone to that host, and
+    the document is forgotten here (no output, no failure, no marker left)."""
+    from chandrad.engine.base import PageRequest, PageResult
+    from tests.reliability.chaoslib import simple_pdf
+    from tests.test_stages import PageEngine, make_world
+
+    world = make_world(tmp_path, host_id="host-a")
+    try:
+        doc = await world.take_in("report.pdf", simple_pdf(2, label="taken"))
+        claim = folders.claim_dir(world.inbox.path, "host-a", doc.id)
+
+        class TakenWhileReading(PageEngine):
+            async def ocr(self, request: PageRequest) -> PageResult:
+                if request.page_no == 2 and claim.exists():  # host-b: the marker, then the rename
+                    folders.taken_marker(world.inbox.path, "host-a", doc.id).write_text('{"host_id": "host-b"}')
+                    folders.host_claims(world.inbox.path, "host-b").mkdir(parents=True)
+                    claim.rename(folders.claim_dir(world.inbox.path, "host-b", doc.id))
+                return await super().ocr(request)
+
+        outcome = await world.stages(TakenWhileReading()).run(doc.id)
+        assert outcome.state == "taken over"
+        assert world.outbox_documents() == [] and list(world.archive.iterdir()) == []
+        assert world.journal.find(doc.id) is None
+        assert not folders.taken_marker(world.inbox.path, "host-a", doc.id).exists()
+        assert not folders.staging_dir(world.inbox.outbox, "host-a", doc.id).parent.exists()
+        assert (folders.claim_dir(world.inbox.path, "host-b", doc.id) / "report.pdf").is_file(), "host-b's now"
+    finally:
+        world.journal.close()
+
+
+async def test_at_start_up_a_claim_folder_the_journal_never_recorded_is_adopted_and_a_stale_marker_dropped(
+    recovery_world,
+):
+    """A crash between a takeover's rename and its journal commit leaves a claim folder of ours
+    with its record and file: it becomes a queued document under the same id. A taker that stopped
+    between its marker and its rename leaves a marker beside a claim still ours: it is removed."""
+    from chandrad.hosts import ClaimRecord, write_claim_record
+    from chandrad.recovery import recover
+
+    world = recovery_world
+    me = world.settings.host_id
+    adopted = folders.claim_dir(world.inbox.path, me, "00aa00aa00aa00aa")
+    write_claim_record(adopted, ClaimRecord("sub/taken.pdf", "ab" * 32, 4, 1, "other-name", 1000.0, "host-z"))
+    (adopted / "taken.pdf").write_bytes(b"scan")
+    kept = world.add("kept.pdf", "inferring")
+    kept_file = world.claimed(kept)
+    world.journal.set_state(kept.id, "inferring", claimed_path=str(kept_file))
+    marker = folders.taken_marker(world.inbox.path, me, kept.id)
+    marker.write_text('{"host_id": "host-z"}')
+    resumed = await recover(world.runtime)
+    assert set(resumed) == {kept.id, "00aa00aa00aa00aa"}
+    row = world.journal.get("00aa00aa00aa00aa")
+    assert (row.state, row.rel_path, row.inbox, row.claimed_path) == (
+        "queued", "sub/taken.pdf", world.inbox.name, str(adopted / "taken.pdf"))
+    assert not marker.exists() and kept_file.exists()
+
+
+@pytest.fixture
+def recovery_world(tmp_path):
+    from tests.test_recovery import world as make
+
+    yield from make.__wrapped__(tmp_path)
