@@ -639,19 +639,22 @@ def test_a_failing_and_a_hanging_hook_leave_documents_where_they_went_and_show_a
     assert daemon.stop() == 0
 
 
-@pytest.mark.timeout(900)  # ~100 s on two cores; more under load
-def test_a_burst_of_1000_small_documents_with_a_slow_receiver_is_all_delivered_with_memory_and_connections_bounded(
+# 300 documents through the whole daemon: the delivery task alone takes 1 000 in the test above;
+# here the point is that a burst through intake, engine and delivery stays bounded end to end.
+@pytest.mark.timeout(600)  # ~35 s on two cores; more under load
+def test_a_burst_of_300_small_documents_with_a_slow_receiver_is_all_delivered_with_memory_and_connections_bounded(
     daemon_factory, receivers
 ):
     import psutil
 
+    DOCUMENTS = 300
     receiver = receivers(delay=0.2).start()
     concurrency = 4
     daemon = daemon_factory(
         extra_config=delivery_config(webhooks=[{"url": receiver.url, "name": "slow"}], concurrency=concurrency),
         inbox_config="settle_seconds = 0.5\n",
     ).start()
-    for n in range(1000):
+    for n in range(DOCUMENTS):
         path = daemon.inbox / f"b{n:04d}.pdf"
         path.with_suffix(".part").write_bytes(tiny_pdf(f"burst {n}"))
         os.replace(path.with_suffix(".part"), path)
@@ -662,10 +665,10 @@ def test_a_burst_of_1000_small_documents_with_a_slow_receiver_is_all_delivered_w
         nonlocal peak_rss
         peak_rss = max(peak_rss, process.memory_info().rss)
         rows = daemon.journal_rows("SELECT state, COUNT(*) AS n FROM deliveries GROUP BY state")
-        return {row["state"]: row["n"] for row in rows} == {"delivered": 1000}
+        return {row["state"]: row["n"] for row in rows} == {"delivered": DOCUMENTS}
 
-    wait_for(all_delivered, 840, "1000 deliveries", interval=1.0)
-    assert len({body["doc_id"] for body in receiver.bodies()}) == 1000
+    wait_for(all_delivered, 540, f"{DOCUMENTS} deliveries", interval=1.0)
+    assert len({body["doc_id"] for body in receiver.bodies()}) == DOCUMENTS
     assert receiver.max_in_progress <= concurrency, "never more requests at once than delivery.concurrency"
     # Kept-alive connections idle past httpx's expiry are replaced: the receiver may see a new one
     # before it notices the old one's close. Bounded, not one per document.
