@@ -222,7 +222,8 @@ async def test_a_failure_report_and_the_moved_original_are_durable_in_order(trac
     original = folders["failed"] / "deep" / "er" / "broken.pdf"
     assert report.exists() and original.exists()
     report_written = trace.index("fsync", report.parent / f".{report.name}.tmp")
-    report_named = trace.index("fsync", report.parent)
+    # (The folder's first fsync is the original's name reserved, before the report: after it, the report's.)
+    report_named = trace.index("fsync", report.parent, after=report_written)
     moved = trace.index("rename", original)
     failed_at = next(i for i, (op, state, _) in enumerate(events) if op == "journal" and state == "failed")
     assert report_written is not None and report_named is not None and moved is not None
