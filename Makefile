@@ -30,10 +30,18 @@ lint: setup-test
 		echo "make lint: the type: ignore above carries no reason (add '  # why' after it)" >&2; rc=1; fi; \
 	if [ $$rc -ne 0 ]; then echo "make lint: failed (ruff check --fix / ruff format fix most of it)" >&2; fi; exit $$rc
 
-# pytest exits 5 when it collects nothing; that is a failure here, like any other non-zero exit.
+# Two runs: most tests two at a time (pytest-xdist, one test file per worker: CI has two cores and
+# most tests wait on daemons, settle times and timeouts), then the `alone` ones, which measure time
+# or memory, with nothing beside them. pytest exits 5 when it collects nothing; that is a failure
+# here, like any other non-zero exit, in either run.
+TEST_WORKERS ?= 2
 test: setup-test lint
-	@HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS) -m "not soak" tests; rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests: that is a failure" >&2; fi; exit $$rc
+	@rc=0; \
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) -m "not soak and not alone" tests || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests: that is a failure" >&2; fi; \
+	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS) -m "alone and not soak" tests || rc2=$$?; \
+	if [ "$${rc2:-0}" -eq 5 ]; then echo "make test: pytest collected no 'alone' tests: that is a failure" >&2; fi; \
+	if [ $$rc -eq 0 ]; then rc=$${rc2:-0}; fi; exit $$rc
 
 soak: setup-test
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m soak tests

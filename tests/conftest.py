@@ -22,6 +22,34 @@ REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO.parent / "shared" / "corpus"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's figures file (see ``pytest_terminal_summary``), named in the environment that
+    pytest-xdist's workers inherit; the main process makes it, a worker finds it set."""
+    if hasattr(config, "workerinput") or os.environ.get("CHANDRAD_TEST_FIGURES"):
+        return
+    figures = Path(config.cache.mkdir("figures") if config.cache else "/tmp") / f"figures-{os.getpid()}.jsonl"
+    figures.unlink(missing_ok=True)
+    os.environ["CHANDRAD_TEST_FIGURES"] = str(figures)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
+    """Print the figures the reliability scenarios recorded (``chaoslib.record_figures``), whichever
+    worker ran them; CHANDRAD_RELIABILITY_FIGURES=FILE also appends them to FILE."""
+    if hasattr(config, "workerinput"):
+        return
+    figures = Path(os.environ.get("CHANDRAD_TEST_FIGURES", "/nonexistent"))
+    rows = figures.read_text(encoding="utf-8").splitlines() if figures.is_file() else []
+    if not rows:
+        return
+    terminalreporter.section("reliability figures")
+    for row in rows:
+        terminalreporter.write_line(row)
+    out = os.environ.get("CHANDRAD_RELIABILITY_FIGURES")
+    if out:
+        with open(out, "a", encoding="utf-8") as handle:
+            handle.write("\n".join(rows) + "\n")
+
+
 @pytest.fixture(autouse=True)
 def _reset_logging() -> Iterator[None]:
     """Undo ``configure_logging`` after each test: a command run in-process (``CliRunner``) points

@@ -13,12 +13,16 @@ import io
 import logging
 import time
 
+import pytest
 from PIL import Image
 
 from chandrad.config import EngineSettings, InboxSettings, Settings
 from chandrad.daemon import Daemon
 from chandrad.engine.base import PageRequest, PageResult
 from tests.reliability.chaoslib import DrawingEngine
+
+# It measures wall time of callbacks: another test's processes on the same cores would be measured too.
+pytestmark = pytest.mark.alone
 
 SLOW_CALLBACK_SECONDS = 0.1
 PAGES = 300

@@ -26,6 +26,11 @@ from tests.reliability.chaoslib import (
 IN_FLIGHT = 4
 
 
+# Latency and memory figures of the daemon alone: another test's processes on the same cores would
+# be in them.
+pytestmark = pytest.mark.alone
+
+
 def burst(daemon: ChaosDaemon, prefix: str, count: int) -> dict[str, Expect]:
     inputs = {f"{prefix}{n:05d}.png": Expect(text_png(f"{prefix} document {n}"), pages=1) for n in range(count)}
     for name, expect in inputs.items():
