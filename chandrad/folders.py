@@ -3,7 +3,7 @@
 Several hosts may share one inbox; each keeps to its own folders there. In each inbox,
 ``.chandrad/claimed/<host_id>/<doc_id>/<name>`` holds an original from the moment this host takes
 it in until its last move (to archive/ or failed/): a scanner re-using the name cannot touch it,
-and the watcher ignores ``.chandrad``. Beside it, ``claim.json`` says what the file is (its path
+and the watcher ignores ``.chandrad``. Beside it, ``.claim.json`` says what the file is (its path
 in the inbox, its hash), so that another host can take the document over; ``claimed/<host_id>/
 heartbeat`` says the host is alive, and ``claimed/<host_id>/<doc_id>.taken`` that another host took
 that document over. ``.chandrad/seen/<sha256>`` names the first document with that content, for
@@ -48,7 +48,9 @@ def claimed_path(inbox_path: Path, host_id: str, doc_id: str, rel_path: Path) ->
     return claim_dir(inbox_path, host_id, doc_id) / safe_component(rel_path.name)
 
 
-CLAIM_RECORD = "claim.json"
+# Hidden, like every name chandrad keeps beside a file: the watcher never takes a dot-name in, so no
+# original dropped as "claim.json" can land on it.
+CLAIM_RECORD = ".claim.json"
 
 
 def claim_record(claim_folder: Path) -> Path:

@@ -1,7 +1,7 @@
 """Several chandrad hosts on one shared inbox: claims another host can read, heartbeats, takeovers
 and the markers that recognise duplicates across hosts.
 
-Each host claims into its own folder (``claimed/<host_id>/<doc_id>/``, with a ``claim.json`` that
+Each host claims into its own folder (``claimed/<host_id>/<doc_id>/``, with a ``.claim.json`` that
 says what the file is) and rewrites its ``heartbeat`` there every ``heartbeat_interval``. A host
 judges another dead on its own monotonic clock: when that host's heartbeat has not changed for
 ``takeover_seconds`` since this one first saw it (so no clock skew between machines matters, and a

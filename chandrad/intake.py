@@ -1,7 +1,7 @@
 """A settled name becomes a claimed journal row: the first step of a document's journey.
 
 ``Intake.take_in`` hashes the file, journals it (``settled``), moves it into this host's claims,
-``.chandrad/claimed/<host_id>/<doc_id>/`` beside its ``claim.json`` (an atomic rename, so a scanner
+``.chandrad/claimed/<host_id>/<doc_id>/`` beside its ``.claim.json`` (an atomic rename, so a scanner
 re-using the name cannot touch it, and of several hosts only one wins it) and marks it ``queued``.
 Files that can never be read (a link, a device) and copies of content already taken in (here, or by
 another host: ``hosts.mark_seen``) are journaled too, then failed with their reason: every name

@@ -124,7 +124,7 @@ class Runtime:
 
 
 def remove_claim_folder(folder: Path) -> bool:
-    """Remove a claim folder that holds no file but its ``claim.json``: whether it is gone. One
+    """Remove a claim folder that holds no file but its ``.claim.json``: whether it is gone. One
     that still holds a file (someone's only copy, whatever the journal says) is left."""
     try:
         names = os.listdir(folder)
