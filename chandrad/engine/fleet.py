@@ -111,9 +111,9 @@ class Endpoint:
             default_headers=settings.headers,
             # openai >= 3 is typed for httpx2 but takes an httpx client too (its "legacy" path);
             # httpx is chandrad's own dependency, and the one openai 2 takes.
-            timeout=timeout,  # type: ignore[arg-type]
+            timeout=timeout,  # type: ignore[arg-type]  # an httpx.Timeout: openai's legacy path takes it
             max_retries=0,
-            http_client=self.http,  # type: ignore[arg-type]
+            http_client=self.http,  # type: ignore[arg-type]  # an httpx client: openai's legacy path
         )
         self.up = False
         self.period = 0  # up-periods so far: a failure seen in an earlier one takes no later one down
@@ -125,7 +125,7 @@ class Endpoint:
     @property
     def log(self) -> structlog.typing.FilteringBoundLogger:
         """The fleet's logger with this server's url bound (bound per use: logging may be set up later)."""
-        return log.bind(url=self.url)  # type: ignore[no-any-return]
+        return log.bind(url=self.url)  # type: ignore[no-any-return]  # structlog's bind is typed Any
 
     async def probe(self) -> Probe:
         """``GET <root>/health`` then ``GET <url>/models``."""
