@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ def pytest_configure(config: pytest.Config) -> None:
     pytest-xdist's workers inherit; the main process makes it, a worker finds it set."""
     if hasattr(config, "workerinput") or os.environ.get("CHANDRAD_TEST_FIGURES"):
         return
-    figures = Path(config.cache.mkdir("figures") if config.cache else "/tmp") / f"figures-{os.getpid()}.jsonl"
+    figures = Path(tempfile.gettempdir()) / f"chandrad-test-figures-{os.getpid()}.jsonl"
     figures.unlink(missing_ok=True)
     os.environ["CHANDRAD_TEST_FIGURES"] = str(figures)
 
