@@ -26,11 +26,11 @@ CORPUS = REPO.parent / "shared" / "corpus"
 def pytest_configure(config: pytest.Config) -> None:
     """The session's figures file (see ``pytest_terminal_summary``), named in the environment that
     pytest-xdist's workers inherit; the main process makes it, a worker finds it set."""
-    if hasattr(config, "workerinput") or os.environ.get("CHANDRAD_TEST_FIGURES"):
+    if hasattr(config, "workerinput") or os.environ.get("PYTEST_CHANDRAD_FIGURES"):
         return
     figures = Path(tempfile.gettempdir()) / f"chandrad-test-figures-{os.getpid()}.jsonl"
     figures.unlink(missing_ok=True)
-    os.environ["CHANDRAD_TEST_FIGURES"] = str(figures)
+    os.environ["PYTEST_CHANDRAD_FIGURES"] = str(figures)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
@@ -38,7 +38,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: igno
     worker ran them; CHANDRAD_RELIABILITY_FIGURES=FILE also appends them to FILE."""
     if hasattr(config, "workerinput"):
         return
-    figures = Path(os.environ.get("CHANDRAD_TEST_FIGURES", "/nonexistent"))
+    figures = Path(os.environ.get("PYTEST_CHANDRAD_FIGURES", "/nonexistent"))
     rows = figures.read_text(encoding="utf-8").splitlines() if figures.is_file() else []
     if not rows:
         return

@@ -32,7 +32,7 @@ CHAOS_DIR = Path(__file__).resolve().parent / "chaos"
 REPO = Path(__file__).resolve().parents[2]
 
 # Every scenario's figures end up here and in the session's figures file (tests/conftest.py names
-# it in CHANDRAD_TEST_FIGURES): the tests run in pytest-xdist workers, and the session that prints
+# it in PYTEST_CHANDRAD_FIGURES): the tests run in pytest-xdist workers, and the session that prints
 # the summary (pytest_terminal_summary in tests/conftest.py) is another process.
 FIGURES: list[dict[str, object]] = []
 
@@ -40,7 +40,7 @@ FIGURES: list[dict[str, object]] = []
 def record_figures(scenario: str, **figures: object) -> None:
     row = {"scenario": scenario, **figures}
     FIGURES.append(row)
-    out = os.environ.get("CHANDRAD_TEST_FIGURES")
+    out = os.environ.get("PYTEST_CHANDRAD_FIGURES")
     if out:
         with open(out, "a", encoding="utf-8") as handle:  # one short line per write: appends do not interleave
             handle.write(json.dumps(row, default=str) + "\n")

@@ -104,7 +104,7 @@ async def test_page_figures_lost_from_staging_are_redone_before_publishing(tmp_p
         calls["n"] += 1
         if calls["n"] == 2:  # page 2 is being read: once page 1's figure is in staging, wipe the outbox
             for _ in range(500):
-                if list(inbox.outbox.glob(".chandrad/staging/*/doc/images/*")):
+                if list(inbox.outbox.glob(".chandrad/staging/*/*/doc/images/*")):
                     break
                 await asyncio.sleep(0.01)
             else:
