@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from chandrad import hosts, publish
+from chandrad import folders, hosts, publish
 from chandrad.backoff import backoff_seconds
 from chandrad.config import InboxSettings
 from chandrad.durable import makedirs_durably, move_durably, reserve_name, write_file_durably
@@ -149,6 +149,13 @@ class Failures:
         claimed = Path(doc.claimed_path) if doc.claimed_path else None
         target = Path(doc.final_path) if doc.final_path else None
         if runtime.move_originals and claimed is not None:
+            # An original gone because another host took it over is that host's to publish or
+            # fail: failing it here too would report a document that is not lost, and drop the
+            # seen marker that now names the taker's copy.
+            taker = await folders.probe(inbox.path, lambda: hosts.lost_to(inbox.path, claimed, doc.id))
+            if taker is not None:
+                await hosts.forget_taken_over(runtime, doc, inbox, taker)
+                return Outcome(doc.id, "taken over")
             report = failure_report(doc, inbox, entry, [*doc.history, entry])
             try:
                 if await asyncio.to_thread(lambda: claimed.exists() or claimed.is_symlink()):

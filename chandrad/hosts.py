@@ -141,6 +141,24 @@ def taken_over_by(inbox_path: Path, host_id: str, doc_id: str) -> str | None:
         return "another host"
 
 
+def claim_owner(inbox_path: Path, claimed: Path) -> str | None:
+    """The host whose claims hold the original ``claimed`` (``claimed/<host>/<doc>/<name>``), or
+    None for a claim of an older chandrad (``claimed/<doc>/<name>``: no host takes those over). The
+    owner is read from the path, not assumed to be us: a host whose host_id changed still has
+    claims under its old name, and others take those over once its old heartbeat stops."""
+    if claimed.parent.parent == folders.claimed_root(inbox_path):
+        return None
+    return claimed.parent.parent.name
+
+
+def lost_to(inbox_path: Path, claimed: Path, doc_id: str) -> str | None:
+    """The host that took this claim over, if its original is gone because of a takeover (blocking)."""
+    owner = claim_owner(inbox_path, claimed)
+    if owner is None or claimed.exists() or claimed.is_symlink():
+        return None
+    return taken_over_by(inbox_path, owner, doc_id)
+
+
 def keep_claim(inbox_path: Path, host_id: str, doc_id: str) -> None:
     """Our claim folder is still here: a marker left by a taker that stopped before its rename
     no longer applies (blocking)."""
@@ -156,7 +174,8 @@ async def forget_taken_over(runtime: Runtime, doc: Document, inbox: InboxSetting
     def clean() -> None:
         shutil.rmtree(runtime.staging_dir(inbox, doc.id).parent, ignore_errors=True)
         shutil.rmtree(runtime.work_dir(doc.id), ignore_errors=True)
-        folders.taken_marker(inbox.path, runtime.host_id, doc.id).unlink(missing_ok=True)
+        owner = claim_owner(inbox.path, Path(doc.claimed_path)) if doc.claimed_path else None
+        folders.taken_marker(inbox.path, owner or runtime.host_id, doc.id).unlink(missing_ok=True)
 
     await asyncio.to_thread(clean)
     log.info("document taken over by another host", doc=doc.id, inbox=inbox.name, file=doc.rel_path, host=taker)
@@ -302,6 +321,13 @@ def _dead_host_claims(inbox_path: Path, dead: str) -> list[str]:
     ]
 
 
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
 def _take_folder(inbox_path: Path, dead: str, me: str, doc_id: str) -> Path | None:
     """Mark, then rename a dead host's claim folder into ours (blocking): the folder now, or None
     if another survivor's rename came first (then nothing is removed: the marker is the winner's
@@ -322,6 +348,10 @@ def _take_folder(inbox_path: Path, dead: str, me: str, doc_id: str) -> Path | No
         raise
     fsync_dir(target.parent)
     fsync_dir(source.parent)
+    # Again after the rename: the dead host, restarting between our marker and our rename, may
+    # have found its folder still there and removed the marker (keep_claim); it must learn that
+    # the folder is ours now.
+    write_file_durably(folders.taken_marker(inbox_path, dead, doc_id), json.dumps(marker).encode("utf-8"), writer=me)
     return target
 
 
@@ -369,14 +399,25 @@ class Hosts:
                 log.warning("cannot write the heartbeat", inbox=inbox.name, error=str(error))
 
     async def run(self) -> None:
+        """Heartbeats and takeovers in two loops: a slow takeover (many claims on a slow share) must
+        not stop our heartbeat, or the other hosts would take everything we hold."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._beat_loop(), name="heartbeat")
+            group.create_task(self._look_loop(), name="takeover")
+
+    async def _beat_loop(self) -> None:
         while True:
             await self.beat()
+            await asyncio.sleep(self.interval)
+
+    async def _look_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
             for inbox in self._inboxes():
                 try:
                     await self.look_after(inbox)
                 except (OSError, InboxUnreachableError) as error:
                     log.warning("cannot look at the other hosts", inbox=inbox.name, error=str(error))
-            await asyncio.sleep(self.interval)
 
     async def look_after(self, inbox: InboxSettings) -> None:
         """Read the other hosts' heartbeats on one inbox and take over the documents of the dead."""
@@ -390,7 +431,16 @@ class Hosts:
 
     async def take_over(self, inbox: InboxSettings, dead: str) -> None:
         me = self.runtime.host_id
+        heartbeat = folders.heartbeat_path(inbox.path, dead)
         for doc_id in await folders.probe(inbox.path, lambda: _dead_host_claims(inbox.path, dead)):
+            # Looked at again before each folder: a host that comes back mid-takeover keeps the rest.
+            content = await folders.probe(inbox.path, lambda: _read_bytes(heartbeat))
+            self.watch.observe(inbox.path, dead, content)
+            if not self.watch.is_dead(inbox.path, dead):
+                log.info("a host came back during its takeover; leaving it the rest", inbox=inbox.name, host=dead)
+                return
+            # No deadline here: a rename given up on while its thread goes on would leave a folder of
+            # ours that is journaled only at the next start.
             folder = await asyncio.to_thread(_take_folder, inbox.path, dead, me, doc_id)
             if folder is None:
                 continue

@@ -78,12 +78,13 @@ def _taken_over(inbox_path: Path, host_id: str, doc: Document, claimed_here: Pat
     """The host that took this document over while we were down, or None (blocking).
     ``claimed_here``: where it would be claimed now (a ``settled`` row has no ``claimed_path``)."""
     claimed = Path(doc.claimed_path) if doc.claimed_path else claimed_here
-    if claimed.parent.parent != folders.host_claims(inbox_path, host_id):
+    owner = hosts.claim_owner(inbox_path, claimed)
+    if owner is None:
         return None  # claimed by an older chandrad (no host level): no other host takes those
     if claimed.exists() or claimed.is_symlink():
-        hosts.keep_claim(inbox_path, host_id, doc.id)
+        hosts.keep_claim(inbox_path, owner, doc.id)
         return None
-    return hosts.taken_over_by(inbox_path, host_id, doc.id)
+    return hosts.taken_over_by(inbox_path, owner, doc.id)
 
 
 async def _adopt_unrecorded_claims(runtime: Runtime) -> list[str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import structlog
 from structlog.contextvars import bound_contextvars
 
-from chandrad import folders, hosts, prepare, publish
+from chandrad import hosts, prepare, publish
 from chandrad.config import InboxSettings
 from chandrad.durable import move_durably, place_copy, rename_dir_durably
 from chandrad.engine import pages_in_flight
@@ -140,12 +140,8 @@ class DocumentStages:
         whose claim was taken, never publishes the document too."""
         if not self.runtime.move_originals:
             return
-        inbox, host_id, doc_id = work.inbox.path, self.runtime.host_id, work.doc.id
-        if work.claimed.parent.parent != folders.host_claims(inbox, host_id):
-            return  # a claim of an older chandrad: no host can take it over
-        taker = await probe(
-            inbox, lambda: None if work.claimed.exists() else hosts.taken_over_by(inbox, host_id, doc_id)
-        )
+        inbox, doc_id = work.inbox.path, work.doc.id
+        taker = await probe(inbox, lambda: hosts.lost_to(inbox, work.claimed, doc_id))
         if taker is not None:
             raise hosts.ClaimLost(taker)
 

@@ -267,6 +267,19 @@ class Fleet:
         self._notify()
 
     async def _watch(self, endpoint: Endpoint) -> None:
+        """The health loop of one server, kept alive: an error it does not expect (a bug, a closed
+        client) is logged and the loop starts again, instead of ending it silently, which would leave
+        a server that went down never taken back."""
+        while not self._closed:
+            try:
+                await self._watch_once(endpoint)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                endpoint.log.error("the server's health loop failed; starting it again", error=repr(error))
+                await asyncio.sleep(max(self.settings.restart_backoff_seconds, MIN_PROBE_INTERVAL_SECONDS))
+
+    async def _watch_once(self, endpoint: Endpoint) -> None:
         """While up, a health check every ``health_check_seconds``; while down, probes with backoff."""
         settings = self.settings
         attempt = 0
