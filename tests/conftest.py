@@ -77,6 +77,11 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+# Two vLLM engines starting side by side on the CPU build (replicas) took over 60 s while another
+# test file ran beside them (make test runs two at a time): a generous bound, only spent on failure.
+START_TIMEOUT_SECONDS = 180
+
+
 class DaemonProcess:
     """``chandrad run`` in a child process, on a throwaway inbox/outbox/archive/failed tree."""
 
@@ -111,7 +116,7 @@ class DaemonProcess:
         if not wait_until_watching:
             return self
         wait_for(lambda: any(e.get("event") == "watching inbox" for e in self.events()) or self._died(),
-                 60, "the daemon to start watching")
+                 START_TIMEOUT_SECONDS, "the daemon to start watching")
         assert self.alive, f"daemon exited at start:\n{self.log_path.read_text()[-3000:]}"
         return self
 
