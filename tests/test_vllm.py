@@ -224,6 +224,7 @@ def test_kill_9_of_the_engine_core_mid_batch_is_survived_and_nothing_is_lost(dae
     assert daemon.stop() == 0
 
 
+@pytest.mark.timeout(600)  # two engine starts, and one restart, on two busy CPU cores
 def test_replicas_start_side_by_side_and_one_killed_replica_restarts_alone(daemon_factory, tiny_model):
     # layout "replicas" on the CPU build: two engines, each its own EngineCore process.
     daemon = daemon_factory(engine_config=engine_toml(
