@@ -53,6 +53,12 @@ def claimed_path(inbox_path: Path, host_id: str, doc_id: str, rel_path: Path) ->
 CLAIM_RECORD = ".claim.json"
 
 
+def is_original(name: str) -> bool:
+    """Whether a name in a claim folder is the claimed original: the record and the temporary files
+    chandrad writes beside it are all dot-names, which the watcher never takes in."""
+    return not name.startswith(".")
+
+
 def claim_record(claim_folder: Path) -> Path:
     """What the claimed file is (its path in the inbox, its hash): what a takeover needs."""
     return claim_folder / CLAIM_RECORD

@@ -112,7 +112,7 @@ def claimed_file(claim_folder: Path) -> Path | None:
     except OSError:
         return None
     for name in names:
-        if name != folders.CLAIM_RECORD and not name.startswith("."):
+        if folders.is_original(name):
             return claim_folder / name
     return None
 

@@ -132,7 +132,7 @@ def remove_claim_folder(folder: Path) -> bool:
         return True
     except OSError:
         return False
-    if any(name != folders.CLAIM_RECORD and not name.startswith(".") for name in names):
+    if any(folders.is_original(name) for name in names):
         return False
     for name in names:  # the record, and a temporary file a crash left while writing it
         try:
