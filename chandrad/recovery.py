@@ -36,7 +36,7 @@ async def recover(runtime: Runtime) -> list[str]:
             log.warning("document belongs to an inbox no longer configured; leaving it", doc=doc.id)
             continue
         claimed = folders.claimed_path(inbox.path, runtime.host_id, doc.id, Path(doc.rel_path))
-        taker = await asyncio.to_thread(_taken_over, inbox.path, runtime.host_id, doc, claimed)
+        taker = await asyncio.to_thread(_taken_over, inbox.path, doc, claimed)
         if taker is not None:
             await hosts.forget_taken_over(runtime, doc, inbox, taker)
             continue
@@ -45,9 +45,8 @@ async def recover(runtime: Runtime) -> list[str]:
                 await journal.call(journal.forget, doc.id)  # never taken in (or another host took it in)
                 continue
             await journal.call(journal.set_state, doc.id, "queued", claimed_path=str(claimed))
-        else:
-            if doc.state in ("preparing", "inferring"):
-                await journal.call(journal.set_state, doc.id, "queued")
+        elif doc.state in ("preparing", "inferring"):
+            await journal.call(journal.set_state, doc.id, "queued")
         resumable.append(doc.id)
     resumable += await _adopt_unrecorded_claims(runtime)
     if resumable:
@@ -74,7 +73,7 @@ def _finish_claim(inbox_path: Path, doc: Document, claimed: Path, host_id: str) 
     return True
 
 
-def _taken_over(inbox_path: Path, host_id: str, doc: Document, claimed_here: Path) -> str | None:
+def _taken_over(inbox_path: Path, doc: Document, claimed_here: Path) -> str | None:
     """The host that took this document over while we were down, or None (blocking).
     ``claimed_here``: where it would be claimed now (a ``settled`` row has no ``claimed_path``)."""
     claimed = Path(doc.claimed_path) if doc.claimed_path else claimed_here
