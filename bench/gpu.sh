@@ -34,6 +34,11 @@
 #                                     NAME-profile.json (+ .txt), NAME.log, NAME-daemon.log; DELAY=SECONDS
 #                                     waits that long after AFTER pages (DELAY=40 with AFTER=1 and one wave of
 #                                     192 pages: a decode-only window); the trace itself only if < 15 MB gzipped
+#   bench/gpu.sh remote NAME [opts]   issue 20: the daemon with engine.url on a `vllm serve` started with the in-process
+#                                     engine's arguments (bench/vllm_server.py), phases remote, remote-kill (SIGKILL of the
+#                                     server mid-run, restarted at once), daemon (in-process), serve / stop-server; with
+#                                     --keep-server --server-state /root/server.json the server outlives the call (warm for
+#                                     the next one); $OUT/NAME.json, NAME.log, NAME-logs.tar.gz (daemons' and server's logs)
 #   bench/gpu.sh pair NAME [opts]     one setting, bare vs daemon one after the other on ONE GPU, same pages,
 #                                     one compile cache (/root/vcache): $OUT/NAME.json (tune needs two GPUs)
 # The chandrad measured is the working tree that travelled with the call (SRC, committed first).
@@ -171,6 +176,16 @@ pair() {
   bench "$name" --phases daemon,bare --bare-render --bare-cache /root/vcache --daemon-cache /root/vcache "$@"
 }
 
+remote() {
+  local name=$1; shift
+  bench "$name" --daemon-cache /root/vcache "$@"
+  local rc=$?
+  # the daemons' logs, and the server's (beside its --server-state file, or in the work folder)
+  (cd /root/work-$name && tar czf "$OUT/$name-logs.tar.gz" --ignore-failed-read */daemon.log server/server.log \
+    /root/server.log 2>/dev/null)
+  return $rc
+}
+
 profile() {
   local name=$1 after=$2 seconds=$3 delay=${DELAY:-0}; shift 3
   local dir=/root/prof-$name rec=/root/work-$name/daemon/profile-record.json summ= rc
@@ -209,6 +224,7 @@ case "$cmd" in
   tune) tune "$@" ;;
   ceilings) ceilings "$@" ;;
   pair) pair "$@" ;;
+  remote) remote "$@" ;;
   profile) profile "$@" ;;
   *) echo "usage: bench/gpu.sh install | ceilings NAME | profile NAME AFTER SECONDS [options] | pair NAME [options] | bench NAME [overhead.py options] | layouts NAME SECONDS \"LAYOUTS\" [options] | tune NAME SECONDS \"COMMON\" LABEL=\"OPTS\".. | soak NAME [soak_gpu.py options]"; exit 2 ;;
 esac

@@ -119,6 +119,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(default: raw prompts, the established baseline of shared/device/bench_engine.py)")
     ap.add_argument("--daemon-cache", default=None,
                     help="daemon: VLLM_CACHE_ROOT, Triton cache inside (keep it between runs for warm compile caches)")
+    ap.add_argument("--server-state", default=None, metavar="FILE",
+                    help="remote phases: a vllm serve described here and alive is used (else one is started "
+                         "and described here; default WORKDIR/server.json)")
+    ap.add_argument("--keep-server", action="store_true",
+                    help="leave the vllm serve running at the end (its own session: it outlives a device call)")
+    ap.add_argument("--kill-pages", type=int, default=None,
+                    help="remote-kill phase: pages dropped (distinct from --pages'; default --pages / 2)")
+    ap.add_argument("--kill-server-after", type=int, default=None,
+                    help="remote-kill phase: SIGKILL the server once this many of its pages are published "
+                         "(default a quarter of them), then start it again on the same port")
+    ap.add_argument("--server-start-timeout", type=float, default=900.0)
     ap.add_argument("--daemon-profile", default=None, metavar="JSON",
                     help='daemon: run it through bench/profiled_daemon.py (the same Daemon, in-process) with vLLM\'s '
                          'torch profiler, e.g. {"dir": "/root/prof", "after_pages": 220, "seconds": 8}: the trace of '
@@ -677,12 +688,17 @@ def timeline(events: list[dict[str, Any]], dropped_at: float, skip_file: str | N
 
 
 def drop(source: Path, inbox: Path) -> None:
-    """Move a ready file into the inbox in one rename (same filesystem), like a scanner's temp+rename."""
-    os.replace(source, inbox / source.name)
+    """Put a ready file into the inbox in one rename (same filesystem), like a scanner's temp+rename;
+    through a hard link, so that the next phase can drop the same pages again."""
+    staged = inbox.parent / f".{source.name}.dropping"
+    os.link(source, staged)
+    os.replace(staged, inbox / source.name)
 
 
 def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_file: Path | None,
-                 root: Path) -> dict[str, Any]:
+                 root: Path, while_waiting: Any = None) -> dict[str, Any]:
+    """``while_waiting(rows)``, if given, is called with the finished journal rows at every poll of
+    the timed window (the remote-kill phase kills and restarts the server from it)."""
     (root / "inbox").mkdir(parents=True, exist_ok=True)
     config = daemon_config(a, settings, root)
     log_path = root / "daemon.log"
@@ -742,6 +758,8 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
                 rows = finished()
                 if len(rows) >= count:
                     return rows
+                if while_waiting is not None and count > 1:  # not during the warm-up document
+                    while_waiting(rows)
                 if proc.poll() is not None:
                     raise RuntimeError(f"the daemon died ({proc.returncode}):\n{log_path.read_text()[-4000:]}")
                 # Past --deadline, return even with no page finished: the start figures are kept.
@@ -859,6 +877,131 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
     return result
 
 
+# -- remote: the daemon with engine.url on a vllm serve of the same engine settings ------------------
+
+
+def server_for(a: argparse.Namespace, settings: Any, root: Path) -> Any:
+    """The ``vllm serve`` of the remote phases: the one --server-state describes if it is alive,
+    else a new one (started, not yet answering) with the engine arguments and environment the
+    in-process engine of ``settings`` gets, and the daemon's compile cache (a warm start)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from vllm_server import VllmServer
+
+    from chandrad.engine.layout import plan_engines
+    from chandrad.engine.vllm import set_spawn_environment
+
+    state = Path(a.server_state) if a.server_state else root / "server.json"
+    if state.exists():
+        server = VllmServer.load(state)
+        if server.alive():
+            print(f"[remote] using the running vllm serve (pid {server.pid}, {server.url})", flush=True)
+            return server, state
+    (spec,) = plan_engines(settings, root / "ec_cache")
+    before = dict(os.environ)
+    try:
+        os.environ.update(compile_cache_env(a.daemon_cache or str(root / "vllm-cache")))
+        set_spawn_environment(spec)  # what the in-process engine's EngineCore would inherit
+        env = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+    root.mkdir(parents=True, exist_ok=True)
+    # Beside its state file: a server kept for the next device call keeps its log where that call looks.
+    server = VllmServer.for_engine(settings.model, spec.engine_args, env, state.with_suffix(".log"))
+    server.start()
+    server.save(state)
+    print(f"[remote] vllm serve started (pid {server.pid}, {server.url}): {' '.join(server.command[3:])}", flush=True)
+    return server, state
+
+
+def stop_server(a: argparse.Namespace, root: Path) -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    from vllm_server import VllmServer
+
+    state = Path(a.server_state) if a.server_state else root / "server" / "server.json"
+    if state.exists():
+        server = VllmServer.load(state)
+        if server.alive():
+            server.stop()
+            print("[remote] vllm serve stopped", flush=True)
+
+
+def remote_settings(a: argparse.Namespace, settings: Any, url: str) -> Any:
+    """The daemon's engine section for the server: what reaches the model is the same; pages in
+    flight as the in-process daemon has them."""
+    from chandrad.config import EngineSettings
+
+    return EngineSettings(
+        kind="vllm", model=settings.model, url=url, served_model_name="chandra", max_tokens=a.max_tokens,
+        max_retries=0, bench_force_max_tokens=True,
+        max_pages_in_flight=a.max_pages_in_flight or _pages_in_flight(settings),
+        # A killed server's pages wait for it (a warm start is ~1 min on an H200): no attempt is spent.
+        page_timeout_seconds=max(1800.0, a.timeout), health_check_seconds=2.0,
+        restart_backoff_seconds=0.5, restart_backoff_max_seconds=2.0,
+    )
+
+
+def remote_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_file: Path | None, root: Path,
+                 kill: bool) -> dict[str, Any]:
+    """The daemon with ``engine.url``; with ``kill``, the server is SIGKILLed once
+    --kill-server-after pages are published and started again at once on the same port: the
+    result says how long it was down and how long after it answered again the next page was done."""
+    server, state = server_for(a, settings, root.parent / "server")
+    t = time.perf_counter()
+    waited = server.wait_ready(a.server_start_timeout)
+    result: dict[str, Any] = {"server_command": server.command, "server_ready_waited_s": round(waited, 1),
+                              "server_pid": server.pid}
+    print(f"[remote] vllm serve answering after {time.perf_counter() - t:.1f} s of waiting", flush=True)
+    r_settings = remote_settings(a, settings, server.url)
+    kill_after = a.kill_server_after or max(1, len(files) // 4)
+    events: dict[str, float] = {}
+
+    def killer(rows: list[sqlite3.Row]) -> None:
+        warm_name = warm_file.name if warm_file else None
+        published = [r for r in rows if r["state"] == "published" and r["rel_path"] != warm_name]
+        if "killed_at" not in events and len(published) >= kill_after:
+            events["killed_at"] = server.kill9()
+            events["published_at_kill"] = len(published)
+            print(f"[remote] vllm serve killed (SIGKILL) with {len(published)} pages published", flush=True)
+            server.start()
+            server.save(state)
+
+            def wait_back() -> None:
+                try:
+                    server.wait_ready(a.server_start_timeout)
+                    events["answering_at"] = time.time()
+                    print(f"[remote] vllm serve answering again {events['answering_at'] - events['killed_at']:.1f} s "
+                          "after the kill", flush=True)
+                except RuntimeError as error:
+                    events["restart_error"] = repr(error)  # type: ignore[assignment]
+
+            threading.Thread(target=wait_back, daemon=True).start()
+
+    try:
+        result.update(daemon_phase(a, r_settings, files, warm_file, root, killer if kill else None))
+    finally:
+        server.save(state)
+    if kill:
+        result["kill"] = dict(events)
+        killed, back = events.get("killed_at"), events.get("answering_at")
+        done = sorted(r["updated_at"] for r in journal_docs(root / "state") if r["state"] == "published")
+        if killed and back:
+            after = [d for d in done if d > back]
+            result["kill"].update({
+                "down_s": round(back - killed, 1),
+                "first_page_after_back_s": round(after[0] - back, 1) if after else None,
+                "last_page_after_back_s": round(after[-1] - back, 1) if after else None,
+                "pages_published_while_down": sum(1 for d in done if killed < d <= back),
+            })
+    # Nothing lost, nothing twice: one outbox folder per document, every document published once.
+    rows = journal_docs(root / "state")
+    folders = [p for p in (root / "outbox").iterdir() if p.is_dir() and not p.name.startswith(".")]
+    result["accounting"] = {"documents": len(rows), "published": sum(r["state"] == "published" for r in rows),
+                            "failed": sum(r["state"] == "failed" for r in rows), "outbox_folders": len(folders),
+                            "distinct_outbox_folders": len({p.name for p in folders})}
+    return result
+
+
 # -- micro: per-page costs of the daemon's own steps, one core -------------------------------------
 
 
@@ -959,6 +1102,11 @@ def main(argv: list[str] | None = None) -> int:
         drop_dir = root / "to-drop"
         files, images, page_px = make_pages(list(range(a.pages)), drop_dir, a.drop, a.dpi)
         warm_files, warm_images, _ = make_pages([-1], root / "warm", a.drop, a.dpi)
+        kill_files: list[Path] = []
+        if "remote-kill" in phases:  # pages of their own: the same content again would be a duplicate
+            kill_count = a.kill_pages or max(1, a.pages // 2)
+            kill_files, _, _ = make_pages(list(range(a.pages, a.pages + kill_count)), root / "to-drop-kill",
+                                          a.drop, a.dpi)
         print(f"{a.pages} pages of {page_px[0]}x{page_px[1]} px made in {time.perf_counter() - t:.1f} s "
               f"({sum(f.stat().st_size for f in files) / len(files) / 1024:.0f} KiB per {a.drop})", flush=True)
 
@@ -986,7 +1134,7 @@ def main(argv: list[str] | None = None) -> int:
                 Path(a.out).write_text(json.dumps(dict(result), indent=2) + "\n")
 
         def run_phase(phase: str) -> None:
-            if phase not in ("bare", "daemon"):
+            if phase not in ("bare", "daemon", "remote", "remote-kill", "serve", "stop-server"):
                 raise SystemExit(f"unknown phase {phase!r}")
             try:
                 if phase == "bare":
@@ -995,6 +1143,18 @@ def main(argv: list[str] | None = None) -> int:
                     result["vllm"] = bare.get("vllm")
                     print(f"[bare] {bare.get('pages', 0)} pages in {bare.get('wall_s')} s: "
                           f"{bare.get('pages_per_s', 0.0)} pages/s", flush=True)
+                elif phase in ("remote", "remote-kill"):
+                    kill = phase == "remote-kill"
+                    remote = remote_phase(a, settings, kill_files if kill else files,
+                                          None if a.no_daemon_warmup else warm_files[0], root / phase, kill)
+                    result[phase] = remote
+                    print(f"[{phase}] {remote.get('pages', 0)} pages in {remote.get('wall_s')} s: "
+                          f"{remote.get('pages_per_s', 0.0)} pages/s; {remote.get('kill', '')} "
+                          f"{remote.get('accounting')}", flush=True)
+                elif phase == "serve":  # start it (for the next call) and go on: it loads meanwhile
+                    server_for(a, settings, root / "server")
+                elif phase == "stop-server":  # the GPU is needed by what follows
+                    stop_server(a, root)
                 else:
                     daemon = daemon_phase(a, settings, files, None if a.no_daemon_warmup else warm_files[0],
                                           root / "daemon")
@@ -1006,7 +1166,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 result[f"{phase}_error"] = f"{error!r}\n{traceback.format_exc()[-3000:]}"
                 print(f"[{phase}] FAILED: {error!r}", flush=True)
-            if a.gpu and not a.concurrent:
+            if a.gpu and not a.concurrent and phase in ("bare", "daemon"):
                 result.setdefault(phase, {})["gpu_mem_mib_after_shutdown"] = wait_gpu_memory_free()
 
         save()
@@ -1042,6 +1202,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"daemon/bare = {result['daemon_vs_engine']:.3f} "
                   f"({d['pages_per_s']:.3f} vs {b['pages_per_s']:.3f} pages/s; "
                   f"{result['overhead_ms_per_page']:+.1f} ms per page)", flush=True)
+        if result.get("remote", {}).get("pages_per_s") and result.get("daemon", {}).get("pages_per_s"):
+            r, d = result["remote"], result["daemon"]
+            result["remote_pages_per_s"] = r["pages_per_s"]
+            result["daemon_pages_per_s"] = d["pages_per_s"]
+            result["remote_vs_in_process"] = round(r["pages_per_s"] / d["pages_per_s"], 4)
+            if "steady_pages_per_s" in r and "steady_pages_per_s" in d:
+                result["remote_vs_in_process_steady"] = round(r["steady_pages_per_s"] / d["steady_pages_per_s"], 4)
+            print(f"remote/in-process = {result['remote_vs_in_process']:.3f} "
+                  f"({r['pages_per_s']:.3f} vs {d['pages_per_s']:.3f} pages/s)", flush=True)
+        if not a.keep_server and any(p in phases for p in ("remote", "remote-kill", "serve")):
+            try:
+                stop_server(a, root)
+            except Exception as error:  # the result matters more than the tidy-up
+                print(f"[remote] could not stop vllm serve: {error!r}", flush=True)
         save()
         print("RESULT " + json.dumps(result), flush=True)
         return 0

@@ -56,6 +56,7 @@ class FakeVllmServer:
         self.chat_delay = 0.0
         self.health_status = 200
         self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.chat_bodies: list[dict[str, Any]] = []
         self.connections: list[socket.socket] = []
         self.lock = threading.Lock()
         with socket.socket() as probe:
@@ -107,8 +108,9 @@ class FakeVllmServer:
 
             def do_POST(self) -> None:
                 self._record()
-                self.rfile.read(int(self.headers.get("content-length", 0)))
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
                 with fake.lock:
+                    fake.chat_bodies.append(body)
                     status = fake.answers.pop(0) if fake.answers else 200
                 time.sleep(fake.chat_delay)
                 if status != 200:
@@ -307,6 +309,18 @@ async def test_the_api_key_and_extra_headers_reach_the_server_on_every_request(f
     for _, path, headers in server.requests:
         assert headers.get("authorization") == "Bearer sekret", path
         assert headers.get("x-route") == "ocr-pool", path
+
+
+async def test_bench_force_max_tokens_asks_the_server_to_ignore_eos_and_nothing_else_does(fakes) -> None:
+    server = fake(fakes)
+    for forced in (True, False):
+        engine = RemoteEngine(settings_for(server, bench_force_max_tokens=forced, max_tokens=77))
+        await engine.start()
+        await engine.ocr(page(1))
+        await engine.aclose()
+        body = server.chat_bodies[-1]
+        assert body["max_tokens"] == 77
+        assert body.get("ignore_eos") is (True if forced else None), body
 
 
 async def test_pages_wait_while_no_server_is_up_and_resume_when_it_comes_back(fakes) -> None:

@@ -84,6 +84,8 @@ class RemoteEngine:
             max_tokens=self.settings.max_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
+            # vLLM's own field: only benchmarks on random weights force every page to max_tokens.
+            extra_body={"ignore_eos": True} if self.settings.bench_force_max_tokens else None,
         )
         usage = completion.usage
         return Completion(
