@@ -323,6 +323,42 @@ async def test_bench_force_max_tokens_asks_the_server_to_ignore_eos_and_nothing_
         assert body.get("ignore_eos") is (True if forced else None), body
 
 
+async def test_the_page_reaches_the_server_as_the_exact_pixels_of_scale_to_fit_on_the_engines_own_threads(
+    fakes, monkeypatch
+) -> None:
+    import base64
+    import io
+
+    import numpy as np
+    from chandra.model.util import scale_to_fit
+
+    from chandrad.engine import remote
+
+    encoded_on: list[str] = []
+    real = remote._png_data_url
+
+    def recording(image: Image.Image) -> str:
+        encoded_on.append(threading.current_thread().name)
+        return real(image)
+
+    monkeypatch.setattr(remote, "_png_data_url", recording)
+    server = fake(fakes)
+    rng = np.random.default_rng(7)
+    noisy = Image.fromarray(rng.integers(0, 256, (2300, 1700, 3), dtype=np.uint8), "RGB")  # over the pixel cap
+    engine = RemoteEngine(settings_for(server))
+    await engine.start()
+    await engine.ocr(PageRequest("doc", 1, noisy))
+    await engine.aclose()
+    content = server.chat_bodies[-1]["messages"][0]["content"]
+    (url,) = [part["image_url"]["url"] for part in content if "image_url" in part]
+    sent = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    expected = scale_to_fit(noisy)
+    assert sent.size == expected.size and sent.size != noisy.size
+    assert np.array_equal(np.asarray(sent.convert("RGB")), np.asarray(expected)), "PNG must be lossless"
+    # Not the loop's default executor, which intake and publish share (ThreadPoolExecutor-N_M).
+    assert encoded_on and all(name.startswith("chandrad-png") for name in encoded_on), encoded_on
+
+
 async def test_pages_wait_while_no_server_is_up_and_resume_when_it_comes_back(fakes) -> None:
     server = fake(fakes)
     with capture_logs() as logs:
