@@ -58,9 +58,10 @@ class RemoteEngine:
         self.settings = settings
         self.fleet = Fleet(settings)
         # Its own threads, not the loop's default executor: when a server's batch ends, the next
-        # 192 pages are encoded at once, and on the shared executor that queue held intake's hashes
-        # and moves and the publish step behind it (an H200 run: intake p50 27 s instead of 13 s,
-        # publish p90 18 s instead of 1 s; bench/NOTES-gpu.md section 9).
+        # 192 pages are encoded at once, and on the shared executor that queue sits in front of
+        # intake's hashes and moves and the publish step. On an H200 with the shared executor,
+        # intake p50 was 27 s instead of 13 s in process and publish p90 18 s instead of 1 s
+        # (bench/NOTES-gpu.md section 9; this is the likeliest cause, not yet re-measured there).
         self._encoder = ThreadPoolExecutor(_encoder_threads(), thread_name_prefix="chandrad-png")
 
     @property
