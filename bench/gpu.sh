@@ -62,6 +62,9 @@ install() {
   fi
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /root/site .whl/*.whl \
     || { echo "wheel install failed"; return 1; }
+  # prepare.py renders PDF pages in a child found on PATH (a console script when chandrad is installed)
+  printf '#!/bin/sh\nexec python3 -c "import sys; from chandrad.pdfium_page import cli; sys.exit(cli())" "$@"\n' \
+    > /usr/local/bin/chandrad-render-page && chmod +x /usr/local/bin/chandrad-render-page
   [ -f $MODEL/config.json ] || python3 $CARRY/make_model.py $MODEL --arch chandra2-like --full-vocab | tail -1
   python3 -c "import vllm, torch, transformers, chandra.output, watchdog, structlog, pdf2image, pydantic_settings; \
 print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" || return 1
