@@ -180,6 +180,9 @@ class Daemon:
     async def startup(self) -> None:
         prepare_folders(self.settings)
         self.journal = Journal(self.settings.state_dir / "journal.sqlite3")
+        # Before the engine's minutes of loading, so that a clash is told at once; again below,
+        # just before our first heartbeat.
+        await asyncio.to_thread(check_host_id_free, self.settings)
         serve_metrics(self.metrics, self.settings.metrics_address)
         await end_engines_of_a_killed_chandrad(self.settings.state_dir)
         # The model's files first, when this engine loads them itself from the hub cache (not a

@@ -18,11 +18,13 @@ that first took that content in, whichever host it was.
 from __future__ import annotations
 
 import asyncio
+import calendar
 import errno
 import json
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -226,6 +228,28 @@ def machine_id() -> str:
         return ""
 
 
+INSTANCE_FILE = "instance-id"
+
+
+def instance_id(state_dir: Path) -> str:
+    """This installation's own identity: a random id kept in ``state_dir``, made at its first start.
+    It tells apart two daemons with one host_id where /etc/machine-id cannot (containers without
+    one, cloned VMs, two daemons on one machine). Blocking."""
+    path = state_dir / INSTANCE_FILE
+    try:
+        value = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        value = ""
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"cannot read {path}: {error}; remove it and chandrad makes a new one") from error
+    if value:
+        return value
+    value = uuid.uuid4().hex
+    makedirs_durably(state_dir)
+    write_file_durably(path, value.encode("ascii"))
+    return value
+
+
 def read_heartbeat(path: Path) -> dict[str, Any] | None:
     try:
         value = json.loads(path.read_bytes())
@@ -234,23 +258,69 @@ def read_heartbeat(path: Path) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def heartbeat_time(beat: dict[str, Any]) -> float | None:
+    """When the heartbeat says it was written (UTC, as ``now_iso`` writes it; a number is taken as
+    epoch seconds), or None when it does not say in a form we read."""
+    at = beat.get("at")
+    if isinstance(at, (int, float)) and not isinstance(at, bool):
+        return float(at)
+    if isinstance(at, str):
+        try:
+            return float(calendar.timegm(time.strptime(at, "%Y-%m-%dT%H:%M:%SZ")))
+        except ValueError:
+            return None
+    return None
+
+
+def _pid_alive(pid: object) -> bool:
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def _another_daemon(beat: dict[str, Any], mine: str, instance: str) -> str | None:
+    """Why the heartbeat of our host_id comes from another daemon (None: it is ours, from before)."""
+    theirs = beat.get("instance")
+    if theirs is None:  # a heartbeat of a chandrad from before instance ids: machine-ids only
+        machine = beat.get("machine_id")
+        return f"machine-id {machine}" if machine and mine and machine != mine else None
+    if theirs == instance:
+        return None  # ourselves, before a restart
+    if mine and beat.get("machine_id") == mine:
+        # This machine, another state_dir: a second daemon running now, or our own previous life
+        # whose state_dir was replaced (its process is gone).
+        return f"another chandrad on this machine, pid {beat.get('pid')}" if _pid_alive(beat.get("pid")) else None
+    return f"machine-id {beat.get('machine_id') or 'unknown'}, instance {theirs}"
+
+
 def check_host_id_free(settings: Settings, now: float | None = None) -> None:
     """Refuse to start when this host_id's heartbeat, on any inbox, was written recently by another
-    machine: two machines claiming into one folder would take each other's documents for their
-    own. Judged by the wall clock (the only one two machines share), within ``takeover_seconds``.
-    Blocking."""
+    daemon: two daemons claiming into one folder would take each other's documents for their own.
+    "Another" is another instance id (state_dir), unless it is this machine's and its process is
+    gone; "recently" is within ``takeover_seconds`` on the wall clock (the only clock two machines
+    share). Blocking."""
     mine = machine_id()
+    instance = instance_id(settings.state_dir)
     now = time.time() if now is None else now
     for inbox in settings.inbox:
-        beat = read_heartbeat(folders.heartbeat_path(inbox.path, settings.host_id))
-        if not beat or not mine or not beat.get("machine_id") or beat["machine_id"] == mine:
+        path = folders.heartbeat_path(inbox.path, settings.host_id)
+        beat = read_heartbeat(path)
+        at = heartbeat_time(beat) if beat else None
+        if beat is None or at is None or abs(now - at) >= settings.takeover_seconds:
             continue
-        age = now - float(beat.get("at", 0))
-        if abs(age) < settings.takeover_seconds:
+        other = _another_daemon(beat, mine, instance)
+        if other is not None:
             raise ConfigError(
-                f"host_id {settings.host_id} is in use by another machine (machine-id {beat['machine_id']}, "
-                f"pid {beat.get('pid')}, its heartbeat in {inbox.path} {age:.0f} s old); give each host its "
-                f"own host_id"
+                f"host_id {settings.host_id} is in use by another daemon ({other}; its heartbeat in "
+                f"{inbox.path} is {now - at:.0f} s old): give each host its own host_id. If that daemon "
+                f"is gone for good (this host with a new state_dir), remove {path} or wait "
+                f"{settings.takeover_seconds:.0f} s"
             )
 
 
@@ -367,6 +437,7 @@ class Hosts:
         self.watch = HostWatch(runtime.settings.takeover_seconds, clock)
         self.seq = 0
         self.machine_id = machine_id()
+        self.instance = instance_id(runtime.settings.state_dir)
 
     @property
     def interval(self) -> float:
@@ -381,6 +452,7 @@ class Hosts:
         content = {
             "host_id": self.runtime.host_id,
             "machine_id": self.machine_id,
+            "instance": self.instance,
             "pid": os.getpid(),
             "seq": self.seq,
             "at": now_iso(),

@@ -9,19 +9,24 @@ import io
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image, ImageDraw
 
 from chandrad import folders
+from chandrad import hosts as hostsmod
 from chandrad.config import EngineSettings, InboxSettings, Settings
 from chandrad.errors import ConfigError
 from chandrad.hosts import HostWatch, check_host_id_free, mark_seen
 from chandrad.journal import Journal
+from chandrad.runtime import now_iso
 from tests.conftest import DaemonProcess, wait_for
 
 
@@ -227,19 +232,58 @@ def test_a_host_is_dead_only_once_its_heartbeat_is_unchanged_for_takeover_second
     assert not watch.is_dead(inbox, "b"), "a restarted host is alive again"
 
 
-def test_a_host_id_whose_heartbeat_another_machine_wrote_recently_is_refused(tmp_path):
+def _clash_settings(tmp_path: Path) -> Settings:
     inbox = InboxSettings.model_validate({"path": tmp_path / "inbox"})
-    settings = Settings(state_dir=tmp_path / "state", inbox=(inbox,), host_id="scan1", takeover_seconds=60,
-                        engine=EngineSettings(kind="tesseract"), metrics_address="")
-    beat = folders.heartbeat_path(inbox.path, "scan1")
-    beat.parent.mkdir(parents=True)
-    beat.write_text(json.dumps({"host_id": "scan1", "machine_id": "not-this-machine", "pid": 1, "seq": 7,
-                                "at": time.time() - 5}))
-    if not Path("/etc/machine-id").is_file():
-        pytest.skip("this machine has no /etc/machine-id")
-    with pytest.raises(ConfigError, match="host_id scan1 is in use by another machine"):
+    return Settings(state_dir=tmp_path / "state", inbox=(inbox,), host_id="scan1", takeover_seconds=60,
+                    engine=EngineSettings(kind="tesseract"), metrics_address="")
+
+
+def _write_beat(settings: Settings, **content: Any) -> None:
+    beat = folders.heartbeat_path(settings.inbox[0].path, "scan1")
+    beat.parent.mkdir(parents=True, exist_ok=True)
+    beat.write_text(json.dumps({"host_id": "scan1", "seq": 7, **content}))
+
+
+def test_a_host_id_whose_heartbeat_another_machine_wrote_recently_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(hostsmod, "machine_id", lambda: "this-machine")
+    settings = _clash_settings(tmp_path)
+    # As Hosts.beat writes it: the time as ISO UTC (a float here would hide a parsing bug).
+    _write_beat(settings, machine_id="not-this-machine", instance="theirs", pid=1, at=now_iso(time.time() - 5))
+    with pytest.raises(ConfigError, match="host_id scan1 is in use by another daemon .machine-id not-this-machine"):
         check_host_id_free(settings)
     check_host_id_free(settings, now=time.time() + 120)  # an old heartbeat: that machine is gone
+    # A heartbeat of a chandrad from before instance ids is judged by machine-id alone.
+    _write_beat(settings, machine_id="not-this-machine", pid=1, at=time.time() - 5)
+    with pytest.raises(ConfigError, match="in use by another daemon"):
+        check_host_id_free(settings)
+
+
+def test_without_machine_ids_two_daemons_are_told_apart_by_their_state_dirs_instance_id(tmp_path, monkeypatch):
+    monkeypatch.setattr(hostsmod, "machine_id", lambda: "")  # a container without /etc/machine-id
+    settings = _clash_settings(tmp_path)
+    ours = hostsmod.instance_id(settings.state_dir)
+    assert ours == hostsmod.instance_id(settings.state_dir) == (settings.state_dir / "instance-id").read_text()
+    _write_beat(settings, machine_id="", instance=ours, pid=1, at=now_iso())
+    check_host_id_free(settings)  # our own heartbeat from before a restart
+    _write_beat(settings, machine_id="", instance="a-cloned-vm", pid=1, at=now_iso())
+    with pytest.raises(ConfigError, match="instance a-cloned-vm.*remove .*heartbeat"):
+        check_host_id_free(settings)
+
+
+def test_on_one_machine_a_second_daemon_is_refused_while_it_runs_and_a_replaced_state_dir_is_not(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(hostsmod, "machine_id", lambda: "this-machine")
+    settings = _clash_settings(tmp_path)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _write_beat(settings, machine_id="this-machine", instance="other-state-dir", pid=other.pid, at=now_iso())
+        with pytest.raises(ConfigError, match=f"another chandrad on this machine, pid {other.pid}"):
+            check_host_id_free(settings)
+    finally:
+        other.kill()
+        other.wait()
+    check_host_id_free(settings)  # its process is gone: our own previous life, state_dir replaced
 
 
 def test_the_seen_marker_names_the_first_document_and_the_second_finds_it(tmp_path):
