@@ -134,13 +134,7 @@ class VllmServer:
                 os.killpg(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            deadline = time.monotonic() + 30
-            while self.alive() and time.monotonic() < deadline:
-                try:
-                    os.waitpid(self.pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
-                time.sleep(0.1)
+            self._wait_gone(30)
         if self.lives:
             self.lives[-1]["killed_at"] = at
         return at
@@ -153,11 +147,15 @@ class VllmServer:
             os.killpg(self.pid, signal.SIGTERM)
         except ProcessLookupError:
             return
+        self._wait_gone(timeout)
+        self.kill9()
+
+    def _wait_gone(self, timeout: float) -> None:
+        """Until its process is gone (reaped, if it is our child) or ``timeout`` passes."""
         deadline = time.monotonic() + timeout
-        while self.alive() and time.monotonic() < deadline:
+        while self.pid is not None and self.alive() and time.monotonic() < deadline:
             try:
                 os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:
                 pass
-            time.sleep(0.2)
-        self.kill9()
+            time.sleep(0.1)
