@@ -70,6 +70,16 @@ def _hash_unchanged(settled: SettledFile) -> str | None:
     return sha256 if (st.st_size, st.st_mtime_ns) == (settled.size, settled.mtime_ns) else None
 
 
+def _rehash_if_replaced(claimed: Path, settled: SettledFile) -> tuple[str, int, int] | None:
+    """The claimed file's (sha256, size, mtime_ns) when it is not the file that was hashed: a new
+    file put under the same name between our hash and our claim (another host's claim of the first
+    one came in between, or the scanner replaced it). None when it is the same file."""
+    st = claimed.lstat()
+    if (st.st_size, st.st_mtime_ns) == (settled.size, settled.mtime_ns):
+        return None
+    return prepare.hash_file(claimed), st.st_size, st.st_mtime_ns
+
+
 class Intake:
     def __init__(self, runtime: Runtime, failures: Failures) -> None:
         self.runtime = runtime
@@ -164,6 +174,18 @@ class Intake:
             deliveries = await self.runtime.deliveries(doc, self.runtime.inbox_of(doc), "failed", entry)
             await journal.call(journal.fail, doc.id, entry, deliveries)
             return None
+        if doc.sha256 and settled.kind == "regular":
+            replaced = await asyncio.to_thread(_rehash_if_replaced, claimed, settled)
+            if replaced is not None:
+                # What is in our claim is what the document is: its hash decides duplicates.
+                sha256, size, mtime_ns = replaced
+                log.info("file replaced before its claim; hashed again", inbox=inbox.name, file=str(settled.rel_path))
+                doc = await journal.call(
+                    journal.set_state, doc.id, doc.state, sha256=sha256, size=size, mtime_ns=mtime_ns
+                )
+                await asyncio.to_thread(
+                    hosts.write_claim_record, claimed.parent, hosts.claim_record_of(doc, self.runtime.host_id)
+                )
         doc = await journal.call(journal.set_state, doc.id, "queued", claimed_path=str(claimed))
         log.info("document queued", doc=doc.id, inbox=inbox.name, file=str(settled.rel_path), size=settled.size)
         return doc

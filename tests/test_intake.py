@@ -182,6 +182,47 @@ async def test_a_file_changed_since_it_settled_is_not_taken_in(world: World) -> 
     assert not folders.claimed_root(world.inbox.path).exists()
 
 
+async def test_a_file_replaced_between_its_hash_and_its_claim_is_journaled_with_the_claimed_files_hash(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another host's claim of the first file, then the scanner's next file under the same name,
+    can come between our hash and our rename: the document is what we claimed, not what we read."""
+    import chandrad.intake as intake_module
+    from chandrad import hosts, prepare
+
+    first, second = text_png("the first scan"), text_png("the next scan under the same name")
+    source = world.drop("scan.png", first)
+    settled = world.settled(source)
+    hashed: list[Path] = []
+    real_hash, real_move = prepare.hash_file, intake_module.move_durably
+
+    def counting_hash(path: Path) -> str:
+        hashed.append(path)
+        return real_hash(path)
+
+    def replaced_then_moved(src: Path, dst: Path) -> None:
+        staged = src.with_name(".next-scan")
+        staged.write_bytes(second)
+        os.utime(staged, ns=(settled.mtime_ns + 10**9, settled.mtime_ns + 10**9))
+        os.replace(staged, src)
+        real_move(src, dst)
+
+    monkeypatch.setattr(prepare, "hash_file", counting_hash)
+    monkeypatch.setattr(intake_module, "move_durably", replaced_then_moved)
+    doc = await world.intake.take_in(settled)
+    assert doc is not None and doc.state == "queued"
+    assert doc.sha256 == hashlib.sha256(second).hexdigest() != hashlib.sha256(first).hexdigest()
+    assert doc.size == len(second)
+    record = hosts.read_claim_record(Path(doc.claimed_path).parent)
+    assert record is not None and record.sha256 == doc.sha256
+    assert len(hashed) == 2, "hashed again, once, from the claim"
+
+    monkeypatch.setattr(intake_module, "move_durably", real_move)
+    hashed.clear()
+    again = await world.intake.take_in(world.settled(world.drop("plain.png", text_png("nothing replaced"))))
+    assert again is not None and len(hashed) == 1, "an unchanged file is hashed once"
+
+
 async def test_a_file_gone_before_intake_leaves_no_document(world: World) -> None:
     source = world.drop("gone.png", text_png("gone"))
     settled = world.settled(source)
