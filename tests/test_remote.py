@@ -359,6 +359,44 @@ async def test_the_page_reaches_the_server_as_the_exact_pixels_of_scale_to_fit_o
     assert encoded_on and all(name.startswith("chandrad-png") for name in encoded_on), encoded_on
 
 
+async def test_a_page_at_its_server_through_poison_page_deaths_failures_ends_and_uses_an_attempt(fakes) -> None:
+    """A page that crashes every server would otherwise move and wait (no attempt used) forever.
+    Here the only server drops the page's connection twice while it reads it."""
+    from chandrad.errors import EngineDied
+
+    server = fake(fakes)
+    server.chat_delay = 1.0
+    engine = RemoteEngine(settings_for(server, poison_page_deaths=2))
+    await engine.start()
+    reading = asyncio.create_task(engine.ocr(page(1)))
+    for life in (1, 2):
+        await until(lambda life=life: server.chats() >= life, 10, f"the page at the server ({life})")
+        server.stop()  # as a crash: the connection is cut while the page is there
+        if life == 1:
+            await asyncio.sleep(0.3)
+            server.start()
+    with pytest.raises(EngineDied, match="failed 2 times while it read this page") as ended:
+        await asyncio.wait_for(reading, 10)
+    assert isinstance(ended.value, TransientError) and not isinstance(ended.value, WaitError), "an attempt is used"
+    await engine.aclose()
+
+
+async def test_a_refused_connection_is_not_a_failure_while_the_page_was_at_the_server(fakes) -> None:
+    """Only a server that failed with the page on it counts towards poison_page_deaths: a page
+    that finds its server already gone (connection refused) waits for it, however often."""
+    server = fake(fakes)
+    engine = RemoteEngine(settings_for(server, poison_page_deaths=1))
+    await engine.start()
+    server.stop()
+    reading = asyncio.create_task(engine.ocr(page(1)))
+    await asyncio.sleep(1.0)
+    assert not reading.done()
+    server.start()
+    result = await asyncio.wait_for(reading, 10)
+    assert answered_by(result.html, server)
+    await engine.aclose()
+
+
 async def test_pages_wait_while_no_server_is_up_and_resume_when_it_comes_back(fakes) -> None:
     server = fake(fakes)
     with capture_logs() as logs:

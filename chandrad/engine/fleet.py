@@ -32,7 +32,7 @@ import structlog
 from chandrad.backoff import backoff_seconds
 from chandrad.config import EngineSettings
 from chandrad.engine import pages_in_flight
-from chandrad.errors import ConfigError, PermanentError, TransientError, WaitError
+from chandrad.errors import ConfigError, EngineDied, PermanentError, TransientError, WaitError
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -65,12 +65,14 @@ def tls_verify(settings: EngineSettings) -> ssl.SSLContext | bool:
 
 class ServerFailed(Exception):
     """The server failed a request: it is taken out and the page goes to another. ``blames_page``
-    when the page may be the cause (a 5xx, a timeout), not when the server simply is gone."""
+    when the page may be the cause (a 5xx, a timeout), not when the server simply is gone;
+    ``reached`` unless the request never got to it (a refused connection)."""
 
-    def __init__(self, reason: str, *, blames_page: bool) -> None:
+    def __init__(self, reason: str, *, blames_page: bool, reached: bool = True) -> None:
         super().__init__(reason)
         self.reason = reason
         self.blames_page = blames_page
+        self.reached = reached
 
 
 class ServerBusy(Exception):
@@ -350,8 +352,10 @@ class Fleet:
             PermanentError: the server refused the page itself (a 4xx: too long for the model, ...).
             TransientError: every server failed this page with a 5xx or a timeout.
             WaitError: no server was up until ``deadline``.
+            EngineDied: ``poison_page_deaths`` servers failed while the page was at them (it uses an
+                attempt of its document; a wait would not).
         """
-        blamed = busy = 0
+        blamed = busy = deaths = 0
         while True:
             endpoint = await self._take(deadline)
             period = endpoint.period
@@ -360,6 +364,24 @@ class Fleet:
             except ServerFailed as failed:
                 self._take_down(endpoint, period, failed.reason)
                 blamed += failed.blames_page
+                deaths += failed.reached and not failed.blames_page
+                if deaths >= self.settings.poison_page_deaths:
+                    # A page that crashes every server it reaches would otherwise move (and wait,
+                    # which uses no attempt) forever. Ended so, it uses one of its document's
+                    # attempts: a page that was merely unlucky is read again later; one that kills
+                    # servers fails after max_attempts instead of taking the fleet down for good.
+                    log.warning(
+                        "page ended: its servers failed while reading it",
+                        doc=doc_id,
+                        page=page_no,
+                        failures=deaths,
+                        reason=failed.reason,
+                    )
+                    raise EngineDied(
+                        f"the vLLM server failed {deaths} times while it read this page ({failed.reason}); "
+                        "the page may be what crashes it",
+                        stage="engine",
+                    ) from None
                 others_up = any(other.up for other in self.endpoints)
                 endpoint.log.info(
                     "page moved to another server" if others_up else "page waits for a server to come back",
@@ -411,4 +433,8 @@ class Fleet:
             raise ServerFailed("timed out", blames_page=True) from None
         except APIConnectionError as error:
             cause = error.__cause__ or error
-            raise ServerFailed(f"connection failed: {str(cause) or type(cause).__name__}", blames_page=False) from None
+            raise ServerFailed(
+                f"connection failed: {str(cause) or type(cause).__name__}",
+                blames_page=False,
+                reached=not isinstance(cause, httpx.ConnectError | httpx.ConnectTimeout),
+            ) from None
