@@ -80,10 +80,23 @@ def _taken_over(inbox_path: Path, doc: Document, claimed_here: Path) -> str | No
     owner = hosts.claim_owner(inbox_path, claimed)
     if owner is None:
         return None  # claimed by an older chandrad (no host level): no other host takes those
-    if claimed.exists() or claimed.is_symlink():
+    if claimed.exists() or claimed.is_symlink() or _moved_by_us(doc):
         hosts.keep_claim(inbox_path, owner, doc.id)
         return None
     return hosts.taken_over_by(inbox_path, owner, doc.id)
+
+
+def _moved_by_us(doc: Document) -> bool:
+    """Our own move of the original to its journaled ``final_path`` (archive/, failed/) was done
+    before the crash: the original is there with its size (our reservation before the move is
+    empty, and no other host moves onto a name we reserved). Then a ``.taken`` marker beside our
+    claim is stale, left by a taker that stopped before its rename, not a takeover."""
+    if not doc.final_path or doc.size <= 0:
+        return False
+    try:
+        return Path(doc.final_path).stat().st_size == doc.size
+    except OSError:
+        return False
 
 
 async def _adopt_unrecorded_claims(runtime: Runtime) -> list[str]:

@@ -374,6 +374,39 @@ async def test_at_start_up_a_claim_folder_the_journal_never_recorded_is_adopted_
     assert not marker.exists() and kept_file.exists()
 
 
+async def test_a_stale_marker_does_not_make_recovery_forget_a_document_whose_original_we_had_archived(
+    recovery_world,
+):
+    """A taker that stopped between its marker and its rename, then our publish: outputs renamed
+    into the outbox and the original moved to its archive name, and a crash before the journal
+    said published. The claim is gone, but the original is at our own final_path: ours, resumed."""
+    from chandrad.recovery import recover
+
+    world = recovery_world
+    me = world.settings.host_id
+    doc = world.add("done.pdf", "publishing")
+    claimed = world.claimed(doc, data=None)
+    archived = world.inbox.path.parent / "archive" / "done.pdf"
+    archived.parent.mkdir(parents=True, exist_ok=True)
+    archived.write_bytes(b"scan")  # doc.size is 4: what we claimed and moved
+    world.journal.set_state(doc.id, "publishing", claimed_path=str(claimed), final_path=str(archived))
+    marker = folders.taken_marker(world.inbox.path, me, doc.id)
+    marker.write_text('{"host_id": "host-z"}')
+    assert await recover(world.runtime) == [doc.id]
+    assert world.journal.get(doc.id).state == "publishing" and not marker.exists()
+
+    # The same, but only our empty reservation is there: the move had not happened; the original
+    # is gone from our claim, so the marker's host took it over.
+    other = world.add("taken.pdf", "publishing")
+    claimed = world.claimed(other, data=None)
+    placeholder = archived.with_name("taken.pdf")
+    placeholder.write_bytes(b"")
+    world.journal.set_state(other.id, "publishing", claimed_path=str(claimed), final_path=str(placeholder))
+    folders.taken_marker(world.inbox.path, me, other.id).write_text('{"host_id": "host-z"}')
+    assert other.id not in await recover(world.runtime)
+    assert world.journal.find(other.id) is None
+
+
 @pytest.fixture
 def recovery_world(tmp_path):
     from tests.test_recovery import world as make
