@@ -143,6 +143,23 @@ def taken_over_by(inbox_path: Path, host_id: str, doc_id: str) -> str | None:
         return "another host"
 
 
+def marker_before_rename(inbox_path: Path, host_id: str, doc_id: str) -> bool:
+    """Whether ``doc_id``'s ``.taken`` marker is only a taker's first one, written before its rename,
+    and no other host's claims hold the document (blocking): the taker may have stopped before its
+    rename. A taker whose rename succeeded says so in the marker (``renamed``)."""
+    try:
+        others = [entry for entry in folders.claimed_root(inbox_path).iterdir() if entry.name != host_id]
+    except OSError:
+        others = []
+    if any((other / doc_id).is_dir() for other in others):
+        return False
+    try:
+        marker = json.loads(folders.taken_marker(inbox_path, host_id, doc_id).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("renamed") is not True
+
+
 def claim_owner(inbox_path: Path, claimed: Path) -> str | None:
     """The host whose claims hold the original ``claimed`` (``claimed/<host>/<doc>/<name>``), or
     None for a claim of an older chandrad (``claimed/<doc>/<name>``: no host takes those over). The
@@ -272,6 +289,17 @@ def heartbeat_time(beat: dict[str, Any]) -> float | None:
     return None
 
 
+def pid_space() -> str:
+    """This kernel's boot and this process's pid namespace: where a pid names the same process as
+    here. Empty when /proc does not say."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return f"{boot}/{namespace}" if boot else ""
+
+
 def _pid_alive(pid: object) -> bool:
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
         return False
@@ -284,29 +312,36 @@ def _pid_alive(pid: object) -> bool:
     return True
 
 
-def _another_daemon(beat: dict[str, Any], mine: str, instance: str) -> str | None:
+def _another_daemon(beat: dict[str, Any], mine: str, instance: str, space: str) -> str | None:
     """Why the heartbeat of our host_id comes from another daemon (None: it is ours, from before)."""
     theirs = beat.get("instance")
+    machine = str(beat.get("machine_id") or "")
+    other_machine = bool(mine and machine and machine != mine)
     if theirs is None:  # a heartbeat of a chandrad from before instance ids: machine-ids only
-        machine = beat.get("machine_id")
-        return f"machine-id {machine}" if machine and mine and machine != mine else None
+        return f"machine-id {machine}" if other_machine else None
     if theirs == instance:
-        return None  # ourselves, before a restart
-    if mine and beat.get("machine_id") == mine:
-        # This machine, another state_dir: a second daemon running now, or our own previous life
-        # whose state_dir was replaced (its process is gone).
+        # Ourselves before a restart, unless this state_dir was copied to another machine.
+        return f"a copy of this state_dir on machine-id {machine}" if other_machine else None
+    if other_machine or not (mine and machine):
+        return f"machine-id {machine or 'unknown'}, instance {theirs}"
+    # This machine-id, another state_dir: a second daemon here, our own previous life with a
+    # replaced state_dir, or a clone or container sharing the machine-id. Only where its pid names
+    # a process of this kernel and pid namespace can its being gone be told.
+    if space and beat.get("pid_space") == space:
         return f"another chandrad on this machine, pid {beat.get('pid')}" if _pid_alive(beat.get("pid")) else None
-    return f"machine-id {beat.get('machine_id') or 'unknown'}, instance {theirs}"
+    return f"instance {theirs} with this machine-id, in another boot or pid namespace (a clone, a container)"
 
 
 def check_host_id_free(settings: Settings, now: float | None = None) -> None:
     """Refuse to start when this host_id's heartbeat, on any inbox, was written recently by another
     daemon: two daemons claiming into one folder would take each other's documents for their own.
-    "Another" is another instance id (state_dir), unless it is this machine's and its process is
-    gone; "recently" is within ``takeover_seconds`` on the wall clock (the only clock two machines
-    share). Blocking."""
+    "Another" is another instance id (state_dir), unless it is this machine's and its process, in
+    this kernel and pid namespace, is gone; or this instance id on another machine (a copied
+    state_dir). "Recently" is within ``takeover_seconds`` on the wall clock (the only clock two
+    machines share). Blocking."""
     mine = machine_id()
     instance = instance_id(settings.state_dir)
+    space = pid_space()
     now = time.time() if now is None else now
     for inbox in settings.inbox:
         path = folders.heartbeat_path(inbox.path, settings.host_id)
@@ -314,7 +349,7 @@ def check_host_id_free(settings: Settings, now: float | None = None) -> None:
         at = heartbeat_time(beat) if beat else None
         if beat is None or at is None or abs(now - at) >= settings.takeover_seconds:
             continue
-        other = _another_daemon(beat, mine, instance)
+        other = _another_daemon(beat, mine, instance, space)
         if other is not None:
             raise ConfigError(
                 f"host_id {settings.host_id} is in use by another daemon ({other}; its heartbeat in "
@@ -402,7 +437,7 @@ def _take_folder(inbox_path: Path, dead: str, me: str, doc_id: str) -> Path | No
     """Mark, then rename a dead host's claim folder into ours (blocking): the folder now, or None
     if another survivor's rename came first (then nothing is removed: the marker is the winner's
     as much as ours)."""
-    marker = {"host_id": me, "at": now_iso()}
+    marker: dict[str, object] = {"host_id": me, "at": now_iso()}
     write_file_durably(folders.taken_marker(inbox_path, dead, doc_id), json.dumps(marker).encode("utf-8"), writer=me)
     source = folders.claim_dir(inbox_path, dead, doc_id)
     target = folders.claim_dir(inbox_path, me, doc_id)
@@ -421,6 +456,8 @@ def _take_folder(inbox_path: Path, dead: str, me: str, doc_id: str) -> Path | No
     # Again after the rename: the dead host, restarting between our marker and our rename, may
     # have found its folder still there and removed the marker (keep_claim); it must learn that
     # the folder is ours now.
+    # "renamed": the claim is ours now (recovery's test of a stale marker believes this one).
+    marker["renamed"] = True
     write_file_durably(folders.taken_marker(inbox_path, dead, doc_id), json.dumps(marker).encode("utf-8"), writer=me)
     return target
 
@@ -438,6 +475,7 @@ class Hosts:
         self.seq = 0
         self.machine_id = machine_id()
         self.instance = instance_id(runtime.settings.state_dir)
+        self.pid_space = pid_space()
 
     @property
     def interval(self) -> float:
@@ -453,6 +491,7 @@ class Hosts:
             "host_id": self.runtime.host_id,
             "machine_id": self.machine_id,
             "instance": self.instance,
+            "pid_space": self.pid_space,
             "pid": os.getpid(),
             "seq": self.seq,
             "at": now_iso(),

@@ -11,6 +11,8 @@ that enters an inbox ends somewhere.
 from __future__ import annotations
 
 import asyncio
+import stat
+import time
 from pathlib import Path
 
 import structlog
@@ -73,11 +75,28 @@ def _hash_unchanged(settled: SettledFile) -> str | None:
 def _rehash_if_replaced(claimed: Path, settled: SettledFile) -> tuple[str, int, int] | None:
     """The claimed file's (sha256, size, mtime_ns) when it is not the file that was hashed: a new
     file put under the same name between our hash and our claim (another host's claim of the first
-    one came in between, or the scanner replaced it). None when it is the same file."""
+    one came in between, or the scanner replaced it). None when it is the same file. A new file
+    may still be being written: it is hashed once it has held still for the inbox's settle time."""
+    settle = settled.inbox.settle_seconds
+    deadline = time.monotonic() + max(10 * settle, 30.0)
     st = claimed.lstat()
     if (st.st_size, st.st_mtime_ns) == (settled.size, settled.mtime_ns):
         return None
-    return prepare.hash_file(claimed), st.st_size, st.st_mtime_ns
+    while True:
+        if not stat.S_ISREG(st.st_mode):
+            raise PermanentError(
+                "it was replaced by something that is not a regular file while it was taken in", stage="intake"
+            )
+        time.sleep(settle)  # as the watcher settles: unchanged for this long, then hashed
+        sha256 = prepare.hash_file(claimed)
+        after = claimed.lstat()
+        if (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns):
+            return sha256, st.st_size, st.st_mtime_ns
+        if time.monotonic() > deadline:
+            raise PermanentError(
+                "it kept changing after it was taken in; drop it again once it is written", stage="intake"
+            )
+        st = after
 
 
 class Intake:
@@ -175,7 +194,17 @@ class Intake:
             await journal.call(journal.fail, doc.id, entry, deliveries)
             return None
         if doc.sha256 and settled.kind == "regular":
-            replaced = await asyncio.to_thread(_rehash_if_replaced, claimed, settled)
+            try:
+                replaced = await asyncio.to_thread(_rehash_if_replaced, claimed, settled)
+            except (DocumentError, OSError) as error:
+                refusal = (
+                    error
+                    if isinstance(error, DocumentError)
+                    else PermanentError(f"it changed while it was taken in ({error})", stage="intake")
+                )
+                doc = await journal.call(journal.set_state, doc.id, "queued", claimed_path=str(claimed))
+                await self.failures.fail(doc, refusal)
+                return None
             if replaced is not None:
                 # What is in our claim is what the document is: its hash decides duplicates.
                 sha256, size, mtime_ns = replaced

@@ -80,17 +80,23 @@ def _taken_over(inbox_path: Path, doc: Document, claimed_here: Path) -> str | No
     owner = hosts.claim_owner(inbox_path, claimed)
     if owner is None:
         return None  # claimed by an older chandrad (no host level): no other host takes those
-    if claimed.exists() or claimed.is_symlink() or _moved_by_us(doc):
+    if claimed.exists() or claimed.is_symlink():
         hosts.keep_claim(inbox_path, owner, doc.id)
         return None
-    return hosts.taken_over_by(inbox_path, owner, doc.id)
+    taker = hosts.taken_over_by(inbox_path, owner, doc.id)
+    if taker is not None and _moved_by_us(doc) and hosts.marker_before_rename(inbox_path, owner, doc.id):
+        # A taker that stopped before its rename, then our own publish and move, then a crash
+        # before the journal said so: the document is ours (and published).
+        hosts.keep_claim(inbox_path, owner, doc.id)
+        return None
+    return taker
 
 
 def _moved_by_us(doc: Document) -> bool:
-    """Our own move of the original to its journaled ``final_path`` (archive/, failed/) was done
-    before the crash: the original is there with its size (our reservation before the move is
-    empty, and no other host moves onto a name we reserved). Then a ``.taken`` marker beside our
-    claim is stale, left by a taker that stopped before its rename, not a takeover."""
+    """The original is at the document's journaled ``final_path`` (archive/, failed/) with its
+    size: our own move was done before the crash (our reservation there before the move is empty).
+    Only together with a marker from before its taker's rename is that proof: a taker that did
+    rename may have moved the original onto the same name (we journal the name before we reserve it)."""
     if not doc.final_path or doc.size <= 0:
         return False
     try:

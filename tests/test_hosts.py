@@ -275,15 +275,38 @@ def test_on_one_machine_a_second_daemon_is_refused_while_it_runs_and_a_replaced_
 ):
     monkeypatch.setattr(hostsmod, "machine_id", lambda: "this-machine")
     settings = _clash_settings(tmp_path)
+    here = hostsmod.pid_space()
+    if not here:
+        pytest.skip("this /proc does not give a boot id and pid namespace")
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        _write_beat(settings, machine_id="this-machine", instance="other-state-dir", pid=other.pid, at=now_iso())
+        _write_beat(settings, machine_id="this-machine", instance="other-state-dir", pid_space=here, pid=other.pid,
+                    at=now_iso())
         with pytest.raises(ConfigError, match=f"another chandrad on this machine, pid {other.pid}"):
             check_host_id_free(settings)
     finally:
         other.kill()
         other.wait()
     check_host_id_free(settings)  # its process is gone: our own previous life, state_dir replaced
+    # The same machine-id in another kernel or pid namespace (a clone, a container): its pid says
+    # nothing here, so it is refused whether or not that pid exists here.
+    _write_beat(settings, machine_id="this-machine", instance="a-clone", pid_space="other-boot/1", pid=999999,
+                at=now_iso())
+    with pytest.raises(ConfigError, match="another boot or pid namespace"):
+        check_host_id_free(settings)
+
+
+def test_a_state_dir_copied_to_another_machine_is_not_taken_for_ourselves(tmp_path, monkeypatch):
+    """A golden image with the state_dir (and its instance-id) in it, cloned: each clone has its
+    own machine-id, and the second to start must not share the first one's claims."""
+    monkeypatch.setattr(hostsmod, "machine_id", lambda: "clone-2")
+    settings = _clash_settings(tmp_path)
+    ours = hostsmod.instance_id(settings.state_dir)
+    _write_beat(settings, machine_id="clone-1", instance=ours, pid=1, at=now_iso())
+    with pytest.raises(ConfigError, match="a copy of this state_dir on machine-id clone-1"):
+        check_host_id_free(settings)
+    _write_beat(settings, machine_id="clone-2", instance=ours, pid=1, at=now_iso())
+    check_host_id_free(settings)  # this machine, this state_dir: ourselves before a restart
 
 
 def test_the_seen_marker_names_the_first_document_and_the_second_finds_it(tmp_path):
@@ -405,6 +428,17 @@ async def test_a_stale_marker_does_not_make_recovery_forget_a_document_whose_ori
     folders.taken_marker(world.inbox.path, me, other.id).write_text('{"host_id": "host-z"}')
     assert other.id not in await recover(world.runtime)
     assert world.journal.find(other.id) is None
+
+    # A taker whose rename succeeded says so in its marker: then even the original at our own
+    # final_path may be its move (we journal the name before we reserve it), and it is believed.
+    third = world.add("moved-by-them.pdf", "publishing")
+    claimed = world.claimed(third, data=None)
+    theirs = archived.with_name("moved-by-them.pdf")
+    theirs.write_bytes(b"scan")
+    world.journal.set_state(third.id, "publishing", claimed_path=str(claimed), final_path=str(theirs))
+    folders.taken_marker(world.inbox.path, me, third.id).write_text('{"host_id": "host-z", "renamed": true}')
+    assert third.id not in await recover(world.runtime)
+    assert world.journal.find(third.id) is None
 
 
 @pytest.fixture

@@ -223,6 +223,30 @@ async def test_a_file_replaced_between_its_hash_and_its_claim_is_journaled_with_
     assert again is not None and len(hashed) == 1, "an unchanged file is hashed once"
 
 
+async def test_a_file_replaced_by_a_link_between_its_hash_and_its_claim_fails_with_a_reason_not_a_crash(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import chandrad.intake as intake_module
+
+    source = world.drop("scan.png", text_png("the first scan"))
+    settled = world.settled(source)
+    elsewhere = world.inbox.path.parent / "elsewhere.png"
+    elsewhere.write_bytes(text_png("not in the inbox"))
+    real_move = intake_module.move_durably
+
+    def replaced_by_a_link_then_moved(src: Path, dst: Path) -> None:
+        src.unlink()
+        src.symlink_to(elsewhere)
+        real_move(src, dst)
+
+    monkeypatch.setattr(intake_module, "move_durably", replaced_by_a_link_then_moved)
+    assert await world.intake.take_in(settled) is None
+    assert world.rows() == [("scan.png", "failed")]
+    (doc,) = world.journal.recent(1)
+    assert doc.error is not None and "not a regular file" in doc.error["reason"]
+    assert elsewhere.read_bytes() == text_png("not in the inbox"), "the link's target is never touched"
+
+
 async def test_a_file_gone_before_intake_leaves_no_document(world: World) -> None:
     source = world.drop("gone.png", text_png("gone"))
     settled = world.settled(source)

@@ -397,6 +397,18 @@ async def test_a_refused_connection_is_not_a_failure_while_the_page_was_at_the_s
     await engine.aclose()
 
 
+async def test_a_server_that_refuses_us_is_no_failure_of_the_page_at_it(fakes) -> None:
+    """401/403/... take the server out (a wrong key, a wrong route), but say nothing against the
+    page: it waits and is read once the server takes it, however strict poison_page_deaths is."""
+    server = fake(fakes)
+    server.answers = [403, 403]
+    engine = RemoteEngine(settings_for(server, poison_page_deaths=1))
+    await engine.start()
+    result = await asyncio.wait_for(engine.ocr(page(1)), 15)
+    assert answered_by(result.html, server) and server.chats() == 3
+    await engine.aclose()
+
+
 async def test_pages_wait_while_no_server_is_up_and_resume_when_it_comes_back(fakes) -> None:
     server = fake(fakes)
     with capture_logs() as logs:

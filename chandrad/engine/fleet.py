@@ -66,7 +66,8 @@ def tls_verify(settings: EngineSettings) -> ssl.SSLContext | bool:
 class ServerFailed(Exception):
     """The server failed a request: it is taken out and the page goes to another. ``blames_page``
     when the page may be the cause (a 5xx, a timeout), not when the server simply is gone;
-    ``reached`` unless the request never got to it (a refused connection)."""
+    ``reached`` when the server failed with the page at it (its connection cut mid-request), not
+    when it refused us, refused the connection, or was taken out for another reason."""
 
     def __init__(self, reason: str, *, blames_page: bool, reached: bool = True) -> None:
         super().__init__(reason)
@@ -417,7 +418,10 @@ class Fleet:
             sending.cancel()  # a no-op once it is done
             went_down.cancel()
         if not sending.done() or sending.cancelled():
-            raise ServerFailed(f"taken out while the page was at it ({endpoint.problem})", blames_page=False)
+            # Taken out for another page's failure or a health check: not evidence against this one.
+            raise ServerFailed(
+                f"taken out while the page was at it ({endpoint.problem})", blames_page=False, reached=False
+            )
         try:
             return sending.result()
         except APIStatusError as error:
@@ -425,7 +429,8 @@ class Fleet:
             if code == 429:
                 raise ServerBusy() from None
             if code >= 500 or code in SERVER_SIDE_4XX:
-                raise ServerFailed(f"HTTP {code}", blames_page=code >= 500) from None
+                # A refusal of us (401, 403, ...) says nothing about the page: it waits, as before.
+                raise ServerFailed(f"HTTP {code}", blames_page=code >= 500, reached=code >= 500) from None
             if 400 <= code < 500:
                 raise PermanentError(f"the server refused page {page_no}: {error.message}", stage="engine") from None
             raise TransientError(f"the vLLM server failed: HTTP {code}", stage="engine") from None
