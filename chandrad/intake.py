@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import stat
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
@@ -209,11 +210,14 @@ class Intake:
                 # What is in our claim is what the document is: its hash decides duplicates.
                 sha256, size, mtime_ns = replaced
                 log.info("file replaced before its claim; hashed again", inbox=inbox.name, file=str(settled.rel_path))
+                # The claim record first: after a crash in between, a host taking the claim over
+                # reads the record, and only this host's own journal keeps the old hash.
+                record = hosts.claim_record_of(
+                    replace(doc, sha256=sha256, size=size, mtime_ns=mtime_ns), self.runtime.host_id
+                )
+                await asyncio.to_thread(hosts.write_claim_record, claimed.parent, record)
                 doc = await journal.call(
                     journal.set_state, doc.id, doc.state, sha256=sha256, size=size, mtime_ns=mtime_ns
-                )
-                await asyncio.to_thread(
-                    hosts.write_claim_record, claimed.parent, hosts.claim_record_of(doc, self.runtime.host_id)
                 )
         doc = await journal.call(journal.set_state, doc.id, "queued", claimed_path=str(claimed))
         log.info("document queued", doc=doc.id, inbox=inbox.name, file=str(settled.rel_path), size=settled.size)
