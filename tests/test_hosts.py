@@ -397,6 +397,18 @@ async def test_at_start_up_a_claim_folder_the_journal_never_recorded_is_adopted_
     assert not marker.exists() and kept_file.exists()
 
 
+def _publishing_with_a_marker(world: Any, name: str, at_final_path: bytes, marker: dict[str, object]) -> Any:
+    """A document of ours journaled "publishing", its claim gone, ``at_final_path`` at its journaled
+    archive name, and a ``.taken`` marker of host-z beside our claims: as a crash leaves it."""
+    doc = world.add(name, "publishing")
+    final = world.inbox.path.parent / "archive" / name
+    final.parent.mkdir(parents=True, exist_ok=True)
+    final.write_bytes(at_final_path)
+    world.journal.set_state(doc.id, "publishing", claimed_path=str(world.claimed(doc, data=None)), final_path=str(final))
+    folders.taken_marker(world.inbox.path, world.settings.host_id, doc.id).write_text(json.dumps(marker))
+    return doc
+
+
 async def test_a_stale_marker_does_not_make_recovery_forget_a_document_whose_original_we_had_archived(
     recovery_world,
 ):
@@ -406,39 +418,18 @@ async def test_a_stale_marker_does_not_make_recovery_forget_a_document_whose_ori
     from chandrad.recovery import recover
 
     world = recovery_world
-    me = world.settings.host_id
-    doc = world.add("done.pdf", "publishing")
-    claimed = world.claimed(doc, data=None)
-    archived = world.inbox.path.parent / "archive" / "done.pdf"
-    archived.parent.mkdir(parents=True, exist_ok=True)
-    archived.write_bytes(b"scan")  # doc.size is 4: what we claimed and moved
-    world.journal.set_state(doc.id, "publishing", claimed_path=str(claimed), final_path=str(archived))
-    marker = folders.taken_marker(world.inbox.path, me, doc.id)
-    marker.write_text('{"host_id": "host-z"}')
-    assert await recover(world.runtime) == [doc.id]
-    assert world.journal.get(doc.id).state == "publishing" and not marker.exists()
+    ours = _publishing_with_a_marker(world, "done.pdf", b"scan", {"host_id": "host-z"})  # doc.size is 4
+    assert await recover(world.runtime) == [ours.id]
+    assert world.journal.get(ours.id).state == "publishing"
+    assert not folders.taken_marker(world.inbox.path, world.settings.host_id, ours.id).exists()
 
-    # The same, but only our empty reservation is there: the move had not happened; the original
-    # is gone from our claim, so the marker's host took it over.
-    other = world.add("taken.pdf", "publishing")
-    claimed = world.claimed(other, data=None)
-    placeholder = archived.with_name("taken.pdf")
-    placeholder.write_bytes(b"")
-    world.journal.set_state(other.id, "publishing", claimed_path=str(claimed), final_path=str(placeholder))
-    folders.taken_marker(world.inbox.path, me, other.id).write_text('{"host_id": "host-z"}')
-    assert other.id not in await recover(world.runtime)
-    assert world.journal.find(other.id) is None
-
-    # A taker whose rename succeeded says so in its marker: then even the original at our own
-    # final_path may be its move (we journal the name before we reserve it), and it is believed.
-    third = world.add("moved-by-them.pdf", "publishing")
-    claimed = world.claimed(third, data=None)
-    theirs = archived.with_name("moved-by-them.pdf")
-    theirs.write_bytes(b"scan")
-    world.journal.set_state(third.id, "publishing", claimed_path=str(claimed), final_path=str(theirs))
-    folders.taken_marker(world.inbox.path, me, third.id).write_text('{"host_id": "host-z", "renamed": true}')
-    assert third.id not in await recover(world.runtime)
-    assert world.journal.find(third.id) is None
+    # Only our empty reservation there: the move had not happened, and the marker's host has it.
+    reserved = _publishing_with_a_marker(world, "taken.pdf", b"", {"host_id": "host-z"})
+    # A taker whose rename succeeded says so: then even the original at our final_path may be its
+    # move (we journal the name before we reserve it), and the marker is believed.
+    renamed = _publishing_with_a_marker(world, "moved.pdf", b"scan", {"host_id": "host-z", "renamed": True})
+    assert await recover(world.runtime) == [ours.id], "the first is still ours; the two others are forgotten"
+    assert world.journal.find(reserved.id) is None and world.journal.find(renamed.id) is None
 
 
 @pytest.fixture
