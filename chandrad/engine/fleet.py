@@ -66,14 +66,14 @@ def tls_verify(settings: EngineSettings) -> ssl.SSLContext | bool:
 class ServerFailed(Exception):
     """The server failed a request: it is taken out and the page goes to another. ``blames_page``
     when the page may be the cause (a 5xx, a timeout), not when the server simply is gone;
-    ``reached`` when the server failed with the page at it (its connection cut mid-request), not
-    when it refused us, refused the connection, or was taken out for another reason."""
+    ``cut_mid_read`` when the server failed with the page at it (its connection cut mid-request),
+    not when it refused us, refused the connection, or was taken out for another reason."""
 
-    def __init__(self, reason: str, *, blames_page: bool, reached: bool = True) -> None:
+    def __init__(self, reason: str, *, blames_page: bool, cut_mid_read: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.blames_page = blames_page
-        self.reached = reached
+        self.cut_mid_read = cut_mid_read
 
 
 class ServerBusy(Exception):
@@ -365,7 +365,7 @@ class Fleet:
             except ServerFailed as failed:
                 self._take_down(endpoint, period, failed.reason)
                 blamed += failed.blames_page
-                deaths += failed.reached and not failed.blames_page
+                deaths += failed.cut_mid_read
                 if deaths >= self.settings.poison_page_deaths:
                     # A page that crashes every server it reaches would otherwise move (and wait,
                     # which uses no attempt) forever. Ended so, it uses one of its document's
@@ -419,9 +419,7 @@ class Fleet:
             went_down.cancel()
         if not sending.done() or sending.cancelled():
             # Taken out for another page's failure or a health check: not evidence against this one.
-            raise ServerFailed(
-                f"taken out while the page was at it ({endpoint.problem})", blames_page=False, reached=False
-            )
+            raise ServerFailed(f"taken out while the page was at it ({endpoint.problem})", blames_page=False)
         try:
             return sending.result()
         except APIStatusError as error:
@@ -429,8 +427,7 @@ class Fleet:
             if code == 429:
                 raise ServerBusy() from None
             if code >= 500 or code in SERVER_SIDE_4XX:
-                # A refusal of us (401, 403, ...) says nothing about the page: it waits, as before.
-                raise ServerFailed(f"HTTP {code}", blames_page=code >= 500, reached=code >= 500) from None
+                raise ServerFailed(f"HTTP {code}", blames_page=code >= 500) from None
             if 400 <= code < 500:
                 raise PermanentError(f"the server refused page {page_no}: {error.message}", stage="engine") from None
             raise TransientError(f"the vLLM server failed: HTTP {code}", stage="engine") from None
@@ -441,5 +438,6 @@ class Fleet:
             raise ServerFailed(
                 f"connection failed: {str(cause) or type(cause).__name__}",
                 blames_page=False,
-                reached=not isinstance(cause, httpx.ConnectError | httpx.ConnectTimeout),
+                # A refused connection never reached the server: only a cut one counts against the page.
+                cut_mid_read=not isinstance(cause, httpx.ConnectError | httpx.ConnectTimeout),
             ) from None
