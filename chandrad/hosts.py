@@ -18,7 +18,6 @@ that first took that content in, whichever host it was.
 from __future__ import annotations
 
 import asyncio
-import calendar
 import errno
 import json
 import os
@@ -35,9 +34,10 @@ import structlog
 from chandrad import folders
 from chandrad.config import InboxSettings, Settings
 from chandrad.durable import create_exclusively, fsync_dir, makedirs_durably, write_file_durably
+from chandrad.engine import processes
 from chandrad.errors import ConfigError, InboxUnreachableError
 from chandrad.journal import FINAL_STATES, Document
-from chandrad.runtime import Runtime, now_iso
+from chandrad.runtime import Runtime, from_iso, now_iso
 
 log = structlog.get_logger("chandrad.hosts")
 
@@ -127,13 +127,9 @@ def taken_over_by(inbox_path: Path, host_id: str, doc_id: str) -> str | None:
     under another host's claims says so; else our ``<doc_id>.taken`` marker, which a taker writes
     just before its rename. Call it when our claimed original is gone: a marker beside a claim
     folder still here only means that the taker stopped between the two (``keep_claim``)."""
-    try:
-        hosts = [entry for entry in folders.claimed_root(inbox_path).iterdir() if entry.name != host_id]
-    except OSError:
-        hosts = []
-    for other in hosts:
-        if (other / doc_id).is_dir():
-            return other.name
+    holder = _held_by_another(inbox_path, host_id, doc_id)
+    if holder is not None:
+        return holder
     marker = folders.taken_marker(inbox_path, host_id, doc_id)
     try:
         return str(json.loads(marker.read_text(encoding="utf-8")).get("host_id") or "another host")
@@ -143,15 +139,20 @@ def taken_over_by(inbox_path: Path, host_id: str, doc_id: str) -> str | None:
         return "another host"
 
 
+def _held_by_another(inbox_path: Path, host_id: str, doc_id: str) -> str | None:
+    """The other host whose claims hold ``doc_id``'s folder, or None (blocking)."""
+    try:
+        others = [entry for entry in folders.claimed_root(inbox_path).iterdir() if entry.name != host_id]
+    except OSError:
+        return None
+    return next((other.name for other in others if (other / doc_id).is_dir()), None)
+
+
 def marker_before_rename(inbox_path: Path, host_id: str, doc_id: str) -> bool:
     """Whether ``doc_id``'s ``.taken`` marker is only a taker's first one, written before its rename,
     and no other host's claims hold the document (blocking): the taker may have stopped before its
     rename. A taker whose rename succeeded says so in the marker (``renamed``)."""
-    try:
-        others = [entry for entry in folders.claimed_root(inbox_path).iterdir() if entry.name != host_id]
-    except OSError:
-        others = []
-    if any((other / doc_id).is_dir() for other in others):
+    if _held_by_another(inbox_path, host_id, doc_id) is not None:
         return False
     try:
         marker = json.loads(folders.taken_marker(inbox_path, host_id, doc_id).read_text(encoding="utf-8"))
@@ -281,35 +282,23 @@ def heartbeat_time(beat: dict[str, Any]) -> float | None:
     at = beat.get("at")
     if isinstance(at, (int, float)) and not isinstance(at, bool):
         return float(at)
-    if isinstance(at, str):
-        try:
-            return float(calendar.timegm(time.strptime(at, "%Y-%m-%dT%H:%M:%SZ")))
-        except ValueError:
-            return None
-    return None
+    return from_iso(at) if isinstance(at, str) else None
 
 
 def pid_space() -> str:
     """This kernel's boot and this process's pid namespace: where a pid names the same process as
     here. Empty when /proc does not say."""
+    boot = processes.boot_id()
     try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
         namespace = os.stat("/proc/self/ns/pid").st_ino
-    except (OSError, UnicodeDecodeError):
+    except OSError:
         return ""
     return f"{boot}/{namespace}" if boot else ""
 
 
 def _pid_alive(pid: object) -> bool:
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
+    """Whether a heartbeat's pid (another process than ours) runs here."""
+    return isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid != os.getpid() and processes.running(pid)
 
 
 def _another_daemon(beat: dict[str, Any], mine: str, instance: str, space: str) -> str | None:

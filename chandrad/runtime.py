@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import calendar
 import os
 import shutil
 import time
@@ -26,8 +27,19 @@ class Outcome:
     reason: str = ""
 
 
+ISO_UTC = "%Y-%m-%dT%H:%M:%SZ"
+
+
 def now_iso(ts: float | None = None) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts if ts is not None else time.time()))
+    return time.strftime(ISO_UTC, time.gmtime(ts if ts is not None else time.time()))
+
+
+def from_iso(text: str) -> float | None:
+    """The epoch seconds of a time ``now_iso`` wrote, or None for any other text."""
+    try:
+        return float(calendar.timegm(time.strptime(text, ISO_UTC)))
+    except ValueError:
+        return None
 
 
 @dataclass

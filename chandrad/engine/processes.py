@@ -82,7 +82,7 @@ def record_engine_process(state_dir: Path, pid: int) -> None:
         "started": started,
         "owner": os.getpid(),
         "owner_started": process_start_time(os.getpid()),
-        "boot": _boot_id(),
+        "boot": boot_id(),
     }
     partial = folder / f".{pid}.tmp"  # renamed into place: a reader never sees half a record
     partial.write_text(json.dumps(entry))
@@ -104,7 +104,7 @@ def end_engines_left_behind(state_dir: Path) -> list[int]:
         return ended
     for record in records:
         entry = _read_record(record)
-        if entry is not None and entry.get("boot") == _boot_id() and _is_alive(entry["pid"], entry["started"]):
+        if entry is not None and entry.get("boot") == boot_id() and _is_alive(entry["pid"], entry["started"]):
             if _is_alive(entry["owner"], entry["owner_started"]):
                 continue  # its chandrad still runs
             if is_vllm_process(entry["pid"]) and kill_tree(entry["pid"]):
@@ -142,7 +142,7 @@ def _read_record(record: Path) -> dict[str, Any] | None:
     return entry
 
 
-def _boot_id() -> str | None:
+def boot_id() -> str | None:
     try:
         with open("/proc/sys/kernel/random/boot_id") as handle:
             return handle.read().strip()
