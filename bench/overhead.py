@@ -51,6 +51,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm_server import VllmServer, free_port
+
 REPO = Path(__file__).resolve().parent.parent
 # Where the chandrad package is imported from (this process and the daemon): the checkout, or a
 # snapshot given with --src (a device call can pin the code it measures).
@@ -121,7 +123,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="daemon: VLLM_CACHE_ROOT, Triton cache inside (keep it between runs for warm compile caches)")
     ap.add_argument("--server-state", default=None, metavar="FILE",
                     help="remote phases: a vllm serve described here and alive is used (else one is started "
-                         "and described here; default WORKDIR/server.json)")
+                         "and described here; default WORKDIR/server/server.json)")
     ap.add_argument("--keep-server", action="store_true",
                     help="leave the vllm serve running at the end (its own session: it outlives a device call)")
     ap.add_argument("--kill-pages", type=int, default=None,
@@ -577,14 +579,6 @@ def toml_value(value: Any) -> str:
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def compile_cache_env(cache_root: str) -> dict[str, str]:
     """vLLM's compile cache and, inside it, Triton's kernel cache: one fixed folder for each, as the
     systemd unit sets them (there as siblings under chandrad's cache), so a warm start finds both."""
@@ -880,17 +874,20 @@ def daemon_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
 # -- remote: the daemon with engine.url on a vllm serve of the same engine settings ------------------
 
 
+def server_state(a: argparse.Namespace, root: Path) -> Path:
+    """Where the remote phases' server is described: --server-state, else in the run's folder."""
+    return Path(a.server_state) if a.server_state else root / "server" / "server.json"
+
+
 def server_for(a: argparse.Namespace, settings: Any, root: Path) -> Any:
     """The ``vllm serve`` of the remote phases: the one --server-state describes if it is alive,
     else a new one (started, not yet answering) with the engine arguments and environment the
     in-process engine of ``settings`` gets, and the daemon's compile cache (a warm start)."""
-    sys.path.insert(0, str(REPO / "bench"))
-    from vllm_server import VllmServer
-
     from chandrad.engine.layout import plan_engines
     from chandrad.engine.vllm import set_spawn_environment
 
-    state = Path(a.server_state) if a.server_state else root / "server.json"
+    state = server_state(a, root)
+    root = root / "server"
     if state.exists():
         server = VllmServer.load(state)
         if server.alive():
@@ -915,10 +912,7 @@ def server_for(a: argparse.Namespace, settings: Any, root: Path) -> Any:
 
 
 def stop_server(a: argparse.Namespace, root: Path) -> None:
-    sys.path.insert(0, str(REPO / "bench"))
-    from vllm_server import VllmServer
-
-    state = Path(a.server_state) if a.server_state else root / "server" / "server.json"
+    state = server_state(a, root)
     if state.exists():
         server = VllmServer.load(state)
         if server.alive():
@@ -946,7 +940,7 @@ def remote_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
     """The daemon with ``engine.url``; with ``kill``, the server is SIGKILLed once
     --kill-server-after pages are published and started again at once on the same port: the
     result says how long it was down and how long after it answered again the next page was done."""
-    server, state = server_for(a, settings, root.parent / "server")
+    server, state = server_for(a, settings, root.parent)
     t = time.perf_counter()
     waited = server.wait_ready(a.server_start_timeout)
     result: dict[str, Any] = {"server_command": server.command, "server_ready_waited_s": round(waited, 1),
@@ -1152,7 +1146,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{remote.get('pages_per_s', 0.0)} pages/s; {remote.get('kill', '')} "
                           f"{remote.get('accounting')}", flush=True)
                 elif phase == "serve":  # start it (for the next call) and go on: it loads meanwhile
-                    server_for(a, settings, root / "server")
+                    server_for(a, settings, root)
                 elif phase == "stop-server":  # the GPU is needed by what follows
                     stop_server(a, root)
                 else:

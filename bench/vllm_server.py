@@ -92,16 +92,9 @@ class VllmServer:
         return self
 
     def alive(self) -> bool:
-        if self.pid is None:
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        try:  # a zombie of ours counts as dead
-            return not Path(f"/proc/{self.pid}/stat").read_text().split(") ")[1].startswith("Z")
-        except OSError:
-            return False
+        from chandrad.engine.processes import running  # the chandrad measured (--src) is on sys.path by now
+
+        return self.pid is not None and running(self.pid)
 
     def answering(self) -> bool:
         try:
