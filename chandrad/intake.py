@@ -2,7 +2,8 @@
 
 ``Intake.take_in`` hashes the file, journals it (``settled``), moves it into this host's claims,
 ``.chandrad/claimed/<host_id>/<doc_id>/`` beside its ``.claim.json`` (an atomic rename, so a scanner
-re-using the name cannot touch it, and of several hosts only one wins it) and marks it ``queued``.
+re-using the name cannot touch it, and of several hosts only one wins it), checks it is no copy, and
+only then marks it ``queued``: a queued row is the workers' to take.
 Files that can never be read (a link, a device) and copies of content already taken in (here, or by
 another host: ``hosts.mark_seen``) are journaled too, then failed with their reason: every name
 that enters an inbox ends somewhere.
@@ -158,10 +159,15 @@ class Intake:
         if refusal is not None:
             await self.failures.fail(doc, refusal)
             return None
+        # Queued only now: the retry loop hands every due queued row to a worker, and a worker
+        # taking a copy in the middle of its duplicate check failed it a second time (two reports).
+        doc = await journal.call(journal.set_state, doc.id, "queued")
+        log.info("document queued", doc=doc.id, inbox=inbox.name, file=str(rel), size=settled.size)
         return doc
 
     async def _claim(self, doc: Document, settled: SettledFile) -> Document | None:
-        """Move the file into the claimed area and mark the document queued."""
+        """Move the file into the claimed area and journal where it is. The row stays ``settled``
+        until intake is done with it (recovery queues a ``settled`` row whose file is claimed)."""
         inbox, journal = settled.inbox, self.runtime.journal
         claimed = folders.claimed_path(inbox.path, self.runtime.host_id, doc.id, settled.rel_path)
         record = hosts.claim_record_of(doc, self.runtime.host_id)
@@ -203,7 +209,7 @@ class Intake:
                     if isinstance(error, DocumentError)
                     else PermanentError(f"it changed while it was taken in ({error})", stage="intake")
                 )
-                doc = await journal.call(journal.set_state, doc.id, "queued", claimed_path=str(claimed))
+                doc = await journal.call(journal.set_state, doc.id, "settled", claimed_path=str(claimed))
                 await self.failures.fail(doc, refusal)
                 return None
             if replaced is not None:
@@ -219,6 +225,4 @@ class Intake:
                 doc = await journal.call(
                     journal.set_state, doc.id, doc.state, sha256=sha256, size=size, mtime_ns=mtime_ns
                 )
-        doc = await journal.call(journal.set_state, doc.id, "queued", claimed_path=str(claimed))
-        log.info("document queued", doc=doc.id, inbox=inbox.name, file=str(settled.rel_path), size=settled.size)
-        return doc
+        return await journal.call(journal.set_state, doc.id, "settled", claimed_path=str(claimed))

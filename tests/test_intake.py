@@ -133,6 +133,29 @@ async def test_a_copy_of_content_taken_in_before_fails_as_a_duplicate_naming_the
     assert (world.inbox.failed / "copy.png").read_bytes() == data
 
 
+async def test_a_copy_is_not_due_for_the_workers_while_its_duplicate_check_runs(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry loop hands every due queued row to a worker: a copy queued before its check ended
+    was failed twice, by intake and by a worker (21 reports for 19 copies in CI, 2026-12-02)."""
+    import chandrad.intake
+
+    due_during_check: list[list[str]] = []
+    real_check = chandrad.intake.duplicate_of
+
+    async def check_and_look(*args: object) -> DuplicateError | None:
+        due_during_check.append(world.journal.due_queued(world.runtime.clock() + 1, 3600, 100))
+        return await real_check(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(chandrad.intake, "duplicate_of", check_and_look)
+    data = text_png("copied while checked")
+    first = await world.intake.take_in(world.settled(world.drop("first.png", data)))
+    assert first is not None
+    assert await world.intake.take_in(world.settled(world.drop("copy.png", data))) is None
+    assert due_during_check == [[], [first.id]], "only the original, and only once its check had passed"
+    assert world.journal.due_queued(world.runtime.clock() + 1, 3600, 100) == [first.id]
+
+
 async def test_duplicate_of_returns_a_duplicate_error_saying_where_the_original_was_published(
     world: World,
 ) -> None:
