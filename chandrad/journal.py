@@ -438,13 +438,15 @@ class Journal:
         ``taken_before``: only documents journaled before this one count (by insertion order, not
         by the wall clock, which can jump back). A document resumed after a crash must not be
         called a duplicate of a later copy of itself (then both copies would fail); only the later
-        copy is. A ``settled`` row of this document's own name (an intake that broke off before
-        its claim) is no twin: that file is this very document, taken in again.
+        copy is. An unclaimed ``settled`` row of this document's own name (an intake that broke
+        off before its claim) is no twin: that file is this very document, taken in again. A
+        claimed one (in its duplicate check) is.
         """
         order = "AND rowid < (SELECT rowid FROM documents WHERE id = :id) " if taken_before else ""
         row = self._execute(
             "SELECT * FROM documents WHERE sha256 = :sha AND id != :id AND state != 'failed' "
-            "AND NOT (state = 'settled' AND inbox = (SELECT inbox FROM documents WHERE id = :id) "
+            "AND NOT (state = 'settled' AND claimed_path IS NULL "
+            "AND inbox = (SELECT inbox FROM documents WHERE id = :id) "
             "AND rel_path = (SELECT rel_path FROM documents WHERE id = :id)) "
             f"{order}ORDER BY rowid LIMIT 1",
             {"sha": sha256, "id": exclude_id},

@@ -1,7 +1,8 @@
 """At start-up: finish what a crash or stop interrupted, and sweep what it left behind.
 
 ``recover`` returns the documents to process again: a ``settled`` row whose claim was cut short
-is claimed now (or forgotten, if its file is gone: it never entered); ``preparing`` and
+is claimed now (or forgotten, if its file is gone: it never entered), one claimed already (cut
+short in intake's duplicate check) is queued, where the stages check it again; ``preparing`` and
 ``inferring`` go back to ``queued`` (their finished pages are kept); ``queued`` and ``publishing``
 resume as they are (the stages know how); a document another host took over while this one was
 down is forgotten (``hosts.taken_over_by``), and a claim folder of ours the journal never recorded
@@ -40,7 +41,11 @@ async def recover(runtime: Runtime) -> list[str]:
         if taker is not None:
             await hosts.forget_taken_over(runtime, doc, inbox, taker)
             continue
-        if doc.state == "settled":
+        if doc.state == "settled" and doc.claimed_path:
+            # Claimed, then cut short in intake's duplicate check or while failing as a copy: the
+            # stages' resume checks it again, or completes the failure already on disk.
+            await journal.call(journal.set_state, doc.id, "queued")
+        elif doc.state == "settled":
             if not await asyncio.to_thread(_finish_claim, inbox.path, doc, claimed, runtime.host_id):
                 await journal.call(journal.forget, doc.id)  # never taken in (or another host took it in)
                 continue

@@ -257,6 +257,15 @@ def test_a_settled_row_of_the_same_name_is_that_file_taken_in_again_not_a_twin(j
     assert twin(journal, elsewhere) == broken_off.id, "the same name in another inbox is another file"
 
 
+def test_a_claimed_settled_row_of_the_same_name_is_a_twin(journal):
+    # Intake keeps a claimed row settled through its duplicate check: the scanner's next file of
+    # that name and content, settling meanwhile, is another file, a copy of it.
+    in_check = add(journal, "scan.pdf")
+    journal.set_state(in_check.id, "settled", claimed_path="/inbox/.chandrad/claimed/h/x/scan.pdf")
+    next_scan = add(journal, "scan.pdf")
+    assert twin(journal, next_scan) == in_check.id
+
+
 def test_the_first_journaled_copy_is_the_one_a_duplicate_names(journal):
     first, second, third = add(journal, "first.pdf"), add(journal, "second.pdf"), add(journal, "third.pdf")
     assert twin(journal, third) == first.id

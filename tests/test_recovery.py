@@ -99,6 +99,21 @@ async def test_a_settled_row_whose_file_already_reached_its_claim_folder_is_queu
     assert claimed.read_bytes() == b"scan"
 
 
+async def test_a_claimed_settled_row_whose_original_went_to_failed_is_queued_not_forgotten(world: World) -> None:
+    """Intake journals the claim (``claimed_path``) and keeps the row ``settled`` through its
+    duplicate check; a crash after a copy's move to failed/ leaves no file in the claim folder.
+    Forgetting the row would lose its failure; queued, the stages' resume completes it."""
+    doc = world.add("copy.pdf")
+    claimed = world.claimed(doc, data=None)
+    failed = world.inbox.failed / "copy.pdf"
+    failed.parent.mkdir(parents=True)
+    failed.write_bytes(b"scan")
+    doc = world.journal.set_state(doc.id, "settled", claimed_path=str(claimed), final_path=str(failed))
+    assert await recover(world.runtime) == [doc.id]
+    row = world.journal.get(doc.id)
+    assert row.state == "queued" and row.claimed_path == str(claimed) and row.final_path == str(failed)
+
+
 async def test_a_settled_row_whose_file_is_gone_is_forgotten(world: World) -> None:
     doc = world.add("vanished.pdf")
     assert await recover(world.runtime) == []
