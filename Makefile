@@ -49,8 +49,8 @@ test: setup-test lint
 	if [ "$${rc3:-0}" -eq 5 ]; then echo "make test: pytest collected no test in $(LOOP_TEST): that is a failure" >&2; fi; \
 	if [ $$rc -eq 0 ]; then rc=$${rc2:-0}; fi; if [ $$rc -eq 0 ]; then rc=$${rc3:-0}; fi; exit $$rc
 
-# A soak runs for many minutes by design (the kill after every fsync of a document's life: 39
-# daemon runs, ~10 min on two cores): pytest's 300 s per test is the suite's guard, not theirs.
+# A soak runs for many minutes by design (the kill after every fsync of a document's life is
+# dozens of daemon runs): pytest's 300 s per test is the suite's guard, not theirs.
 soak: setup-test
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m soak --timeout 3600 tests
 
