@@ -454,6 +454,28 @@ def _put_back(journal: Journal, doc: Document, inbox: InboxSettings, host_id: st
     return claimed
 
 
+def _check_pdf_renderer(settings: Settings) -> tuple[bool, str, str]:
+    """Render a blank US-Letter page as prepare renders every PDF page (PDFium in a child process,
+    under the tools' timeout and memory cap): whether the renderer works, not only exists."""
+    import pikepdf
+
+    from chandrad import prepare
+    from chandrad.errors import DocumentError
+
+    command = " ".join(prepare.renderer_command())
+    with tempfile.TemporaryDirectory(prefix="chandrad-check-") as folder:
+        blank = Path(folder) / "blank.pdf"
+        with pikepdf.new() as pdf:
+            pdf.add_blank_page(page_size=(612, 792))
+            pdf.save(blank)
+        try:
+            page = prepare.render_pdf_page(blank, 1, settings.prepare)
+        except DocumentError as error:
+            return False, "pdf renderer", f"{command}: {error.reason}"
+    width, height = page.image.size
+    return True, "pdf renderer", f"PDFium ({command}): a blank Letter page → {width}×{height} px at {page.dpi:.0f} dpi"
+
+
 def _print_rules(settings: Settings, report: Callable[[bool, str, str], None]) -> None:
     """Each hook's program (found and executable?), each webhook, and which [[inbox.rule]] each
     existing sub-folder of an inbox gets (inboxes with rules only)."""
@@ -551,13 +573,14 @@ def check(config_path: Path | None, hf_home: Path | None) -> None:
     except ConfigError as error:
         report(False, "folders", str(error))
     _print_rules(settings, report)
-    for tool, args in (("gs", ["--version"]), ("pdftoppm", ["-v"]), ("pdfinfo", ["-v"]), ("tesseract", ["--version"])):
+    for tool, args in (("gs", ["--version"]), ("pdfinfo", ["-v"]), ("tesseract", ["--version"])):
         path = shutil.which(tool)
         if path is None:
             report(tool == "tesseract" and settings.engine.kind == "vllm", tool, "not installed")
             continue
         output = subprocess.run([path, *args], capture_output=True, text=True, timeout=30)
         report(True, tool, (output.stdout + output.stderr).strip().splitlines()[0])
+    report(*_check_pdf_renderer(settings))
     report(True, "GPU", "visible" if cuda_gpu_visible() else "none visible (engine auto → tesseract)")
     try:
         engine = create_engine(settings.engine, settings.state_dir)

@@ -1,10 +1,11 @@
 """Bytes → page images, one page at a time.
 
 PDFs are inspected with ``pdfinfo``, normalised by Ghostscript (repair, flattened forms, lossless
-unless a lossy preset is chosen) and rasterised page by page by ``pdftoppm``
-at Chandra's DPI rule, capped in pixels. Images get EXIF rotation and one page per TIFF frame.
-Every external program runs with a timeout; its failure becomes a ``PermanentError`` (the input
-is unusable) or a ``TransientError`` (worth retrying). Nothing here holds more than one page of a
+unless a lossy preset is chosen) and rasterised page by page by PDFium, Chandra's own renderer
+(``chandrad-render-page``, a child process), at Chandra's DPI rule, capped in pixels. Images get
+EXIF rotation and one page per TIFF frame. Every external program runs with a timeout; its
+failure becomes a ``PermanentError`` (the input is unusable) or a ``TransientError`` (worth
+retrying). Nothing here holds more than one page of a
 document in memory: callers iterate.
 
 Every read of an inbox file goes through ``open_regular``: ``O_NOFOLLOW`` plus an ``fstat`` check,
@@ -378,7 +379,7 @@ def page_dpi(width_pt: float, height_pt: float, settings: PrepareSettings) -> fl
 RENDERER = "chandrad-render-page"
 
 
-def _renderer_command() -> list[str]:
+def renderer_command() -> list[str]:
     """The PDF renderer: found on PATH like the other tools (so an admin, or a test, can wrap it),
     else the one installed beside this interpreter, else the module run by it (a source tree)."""
     beside = Path(sys.executable).with_name(RENDERER)
@@ -389,7 +390,7 @@ def _renderer_command() -> list[str]:
 def render_pdf_page(pdf: Path, page_no: int, settings: PrepareSettings, password: str | None = None) -> PageImage:
     """One page through PDFium, Chandra's renderer, in a child process (``chandrad.pdfium_page``)."""
     args = [
-        *_renderer_command(),
+        *renderer_command(),
         *(str(pdf), str(page_no), str(settings.dpi), str(settings.min_short_side_px)),
         *(str(settings.max_page_pixels), str(settings.min_dpi)),
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from click.testing import CliRunner, Result
@@ -85,7 +86,9 @@ def test_check_reports_tools_and_folders(tmp_path):
     )
     result = chandrad("check", "--config", str(config))
     assert result.exit_code == 0, result.stdout
-    assert "[ok] gs" in result.stdout and "[ok] pdftoppm" in result.stdout and "[ok] engine: tesseract" in result.stdout
+    assert "[ok] gs" in result.stdout and "[ok] engine: tesseract" in result.stdout
+    assert "pdftoppm" not in result.stdout, "chandrad renders PDF pages with PDFium, not pdftoppm"
+    assert "[ok] pdf renderer: PDFium" in result.stdout and "1632×2112 px at 192 dpi" in result.stdout, result.stdout
     assert f"[ok] folders: {tmp_path}/in" in result.stdout and (tmp_path / "in").is_dir()
 
 
@@ -96,6 +99,23 @@ def test_check_fails_with_exit_one_when_a_folder_cannot_be_created(tmp_path):
     result = chandrad("check", "--config", str(config))
     assert result.exit_code == EXIT_FAILED
     assert "[FAIL] folders: " in result.stdout and "cannot create folder" in result.stdout
+
+
+def test_check_fails_when_the_pdf_renderer_cannot_render_a_page(tmp_path, monkeypatch):
+    """The renderer is found on PATH first (an admin's wrapper): one that fails is reported."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    broken = bin_dir / "chandrad-render-page"
+    broken.write_text("#!/bin/sh\necho 'libpdfium.so: cannot open shared object file' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    config = write_config(
+        tmp_path, f'state_dir = "{tmp_path}/state"\n[engine]\nkind = "tesseract"\n[[inbox]]\npath = "{tmp_path}/in"\n'
+    )
+    result = chandrad("check", "--config", str(config))
+    assert result.exit_code == EXIT_FAILED
+    assert f"[FAIL] pdf renderer: {broken}: page 1 could not be rendered" in result.stdout, result.stdout
+    assert "libpdfium.so" in result.stdout
 
 
 def test_run_exits_two_with_one_clear_line_per_config_problem(tmp_path):
