@@ -245,15 +245,15 @@ class Daemon:
             loops = [
                 # Several intakes at once: hashing and claiming one file at a time admitted only ~3
                 # files/s on a busy loop and starved a GPU at the start of a burst (bench/NOTES-overhead.md).
-                *(group.create_task(supervised(f"intake-{n}", self._intake_loop)) for n in range(INTAKE_WORKERS)),
-                group.create_task(supervised("retry", self._retry_loop)),
+                *(self._loop(f"intake-{n}", self._intake_loop) for n in range(INTAKE_WORKERS)),
+                self._loop("retry", self._retry_loop),
                 # Our heartbeat, the other hosts' watched, the documents of dead ones taken over.
-                group.create_task(supervised("hosts", self._hosts().run)),
+                self._loop("hosts", self._hosts().run),
                 # Webhooks and hooks of final documents, from the journal (never in a document's way).
-                group.create_task(supervised("delivery", self._deliverer().run)),
+                self._loop("delivery", self._deliverer().run),
             ]
-            workers = [group.create_task(self._worker()) for _ in range(self.documents_in_flight)]
-            loops.append(group.create_task(supervised("tick", self._tick_loop)))
+            workers = [group.create_task(self._worker(), name=f"worker-{n}") for n in range(self.documents_in_flight)]
+            loops.append(self._loop("tick", self._tick_loop))
             while not self.should_exit.is_set():
                 reload_wait = asyncio.ensure_future(self.reload_requested.wait())
                 exit_wait = asyncio.ensure_future(self.should_exit.wait())
@@ -328,12 +328,15 @@ class Daemon:
 
     # -- loops ---------------------------------------------------------------------------------
 
+    def _loop(self, name: str, loop_fn: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+        """A supervised loop in the daemon's task group, named (asyncio's debug reports and task
+        dumps then say which loop a slow step or a stuck await belongs to)."""
+        assert self._group is not None
+        return self._group.create_task(supervised(name, loop_fn), name=name)
+
     def _start_watchers(self) -> None:
         self.watchers = {inbox.name: InboxWatcher(inbox, self.intake_queue.put) for inbox in self.settings.inbox}
-        self._watch_tasks = {
-            name: self._group.create_task(supervised(f"watch:{name}", watcher.run))
-            for name, watcher in self.watchers.items()
-        }
+        self._watch_tasks = {name: self._loop(f"watch:{name}", watcher.run) for name, watcher in self.watchers.items()}
 
     def _hosts(self) -> Hosts:
         assert self.hosts is not None
