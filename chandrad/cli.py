@@ -25,7 +25,7 @@ from chandrad import __version__, folders
 from chandrad.config import InboxSettings, OutputFormat, Settings, load_settings, prepare_folders
 from chandrad.durable import move_durably
 from chandrad.engine import create_engine, cuda_gpu_visible, pages_in_flight
-from chandrad.errors import ConfigError
+from chandrad.errors import ConfigError, DocumentError
 from chandrad.failures import REPORT_SUFFIX
 from chandrad.journal import Delivery, Document, Journal
 from chandrad.logs import configure_logging
@@ -460,7 +460,6 @@ def _check_pdf_renderer(settings: Settings) -> tuple[bool, str, str]:
     import pikepdf
 
     from chandrad import prepare
-    from chandrad.errors import DocumentError
 
     command = " ".join(prepare.renderer_command())
     with tempfile.TemporaryDirectory(prefix="chandrad-check-") as folder:

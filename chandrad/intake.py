@@ -16,6 +16,7 @@ import stat
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -200,6 +201,7 @@ class Intake:
             deliveries = await self.runtime.deliveries(doc, self.runtime.inbox_of(doc), "failed", entry)
             await journal.call(journal.fail, doc.id, entry, deliveries)
             return None
+        journaled: dict[str, Any] = {"claimed_path": str(claimed)}
         if doc.sha256 and settled.kind == "regular":
             try:
                 replaced = await asyncio.to_thread(_rehash_if_replaced, claimed, settled)
@@ -209,7 +211,7 @@ class Intake:
                     if isinstance(error, DocumentError)
                     else PermanentError(f"it changed while it was taken in ({error})", stage="intake")
                 )
-                doc = await journal.call(journal.set_state, doc.id, "settled", claimed_path=str(claimed))
+                doc = await journal.call(journal.set_state, doc.id, "settled", **journaled)
                 await self.failures.fail(doc, refusal)
                 return None
             if replaced is not None:
@@ -222,7 +224,5 @@ class Intake:
                     replace(doc, sha256=sha256, size=size, mtime_ns=mtime_ns), self.runtime.host_id
                 )
                 await asyncio.to_thread(hosts.write_claim_record, claimed.parent, record)
-                doc = await journal.call(
-                    journal.set_state, doc.id, doc.state, sha256=sha256, size=size, mtime_ns=mtime_ns
-                )
-        return await journal.call(journal.set_state, doc.id, "settled", claimed_path=str(claimed))
+                journaled.update(sha256=sha256, size=size, mtime_ns=mtime_ns)
+        return await journal.call(journal.set_state, doc.id, "settled", **journaled)

@@ -5,8 +5,7 @@ unless a lossy preset is chosen) and rasterised page by page by PDFium, Chandra'
 (``chandrad-render-page``, a child process), at Chandra's DPI rule, capped in pixels. Images get
 EXIF rotation and one page per TIFF frame. Every external program runs with a timeout; its
 failure becomes a ``PermanentError`` (the input is unusable) or a ``TransientError`` (worth
-retrying). Nothing here holds more than one page of a
-document in memory: callers iterate.
+retrying). Nothing here holds more than one page of a document in memory: callers iterate.
 
 Every read of an inbox file goes through ``open_regular``: ``O_NOFOLLOW`` plus an ``fstat`` check,
 so a symlink, FIFO or device node is never read.
