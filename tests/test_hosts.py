@@ -146,20 +146,31 @@ def test_two_hosts_on_one_inbox_publish_a_burst_of_300_files_each_once_and_share
 
 def test_a_killed_hosts_claims_are_taken_over_and_published_once_and_never_again_by_it(hosts):
     first, second = hosts("host-a"), hosts("host-b")
+    names = [f"kill-{n:02d}.png" for n in range(40)]
+    pages = {name: page_png(f"Kill {n}") for n, name in enumerate(names)}
+    print(kill_a_host_and_check_the_takeover(first, second, names, lambda: drop_all(first.inbox, pages)))
+
+
+def kill_a_host_and_check_the_takeover(
+    first: DaemonProcess, second: DaemonProcess, names: list[str], drop: Callable[[], None]
+) -> str:
+    """Both hosts (takeover_seconds = 3) started, ``names`` dropped by ``drop``; host-a killed with
+    SIGKILL mid-run: host-b takes its claims over, not sooner than takeover_seconds allow, and
+    publishes them; host-a restarted neither processes them again nor reports them. Shared by the
+    local inbox and the Samba share; returns the figures."""
     first.start()
     second.start()
-    names = [f"kill-{n:02d}.png" for n in range(40)]
-    drop_all(first.inbox, {name: page_png(f"Kill {n}") for n, name in enumerate(names)})
+    drop()
     claims = folders.host_claims(first.inbox, "host-a")
 
     def claimed_by_first() -> list[str]:
         return [p.name for p in claims.iterdir() if p.is_dir()] if claims.exists() else []
 
-    wait_for(lambda: published_by(first) >= 3 and len(claimed_by_first()) >= 3, 60, "host-a in the middle of work")
+    wait_for(lambda: published_by(first) >= 3 and len(claimed_by_first()) >= 3, 90, "host-a in the middle of work")
     killed_at = time.time()  # before the signal: host-a may beat once more until it is dead
     first.kill9()
     held = claimed_by_first()
-    wait_for(lambda: len(files_in(first.archive)) >= len(names), 90, "every original archived")
+    wait_for(lambda: len(files_in(first.archive)) >= len(names), 120, "every original archived")
     all_done = time.time() - killed_at
     taken = [e for e in second.events() if e.get("event") == "took over a document of a host that stopped"]
     assert taken and {e["doc"] for e in taken} <= set(held), f"host-b took host-a's claims over (held: {held})"
@@ -183,26 +194,37 @@ def test_a_killed_hosts_claims_are_taken_over_and_published_once_and_never_again
     assert first.journal_rows("SELECT id FROM documents WHERE state != 'published'") == []
     refused = [e for e in first.events() if e.get("event") in ("document failed", "document will be retried")]
     assert refused == [], "a document taken over is neither failed nor lost"
-    print(
+    assert first.leftovers() == []
+    return (
         f"kill -9 of host-a holding {len(held)} claims: {len(taken)} taken over by host-b, the first "
         f"{to_first_takeover:.1f} s after the kill, all {len(names)} archived {all_done:.1f} s after it "
         f"(takeover_seconds = 3); host-a restarted forgot {len(forgotten)}"
     )
-    assert first.leftovers() == []
 
 
 def test_one_content_claimed_by_two_hosts_is_published_once_and_the_copy_is_a_duplicate(hosts):
     first, second = hosts("host-a", takeover_seconds=600), hosts("host-b", takeover_seconds=600)
+    check_a_copy_another_host_claims_is_a_duplicate(
+        first, second, lambda name, data: drop_all(first.inbox, {name: data})
+    )
+
+
+def check_a_copy_another_host_claims_is_a_duplicate(
+    first: DaemonProcess, second: DaemonProcess, write: Callable[[str, bytes], None]
+) -> None:
+    """host-a claims ``original.png`` and is frozen (SIGSTOP) before it publishes; host-b, started
+    then, claims ``copy.png`` (the same bytes): it fails it as a duplicate naming the original and
+    host-a; host-a, thawed, publishes the original. Shared by the local inbox and the Samba share."""
     data = page_png("Twice")
     first.start()
-    drop_all(first.inbox, {"original.png": data})
+    write("original.png", data)
     wait_for(lambda: first.states().get("original.png") in ("queued", "preparing", "inferring", "publishing",
                                                             "published"), 30, "host-a to claim the original")
     assert first.proc is not None
     first.proc.send_signal(signal.SIGSTOP)
     try:
         second.start()
-        drop_all(first.inbox, {"copy.png": data})
+        write("copy.png", data)
         wait_for(lambda: second.states().get("copy.png") == "failed", 60, "host-b to refuse the copy")
     finally:
         first.proc.send_signal(signal.SIGCONT)

@@ -13,6 +13,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -24,7 +25,14 @@ import pytest
 from PIL import Image, ImageDraw
 
 from tests.conftest import corpus_file, wait_for
-from tests.test_hosts import check_each_published_once, files_in, make_host, published_by
+from tests.test_hosts import (
+    check_a_copy_another_host_claims_is_a_duplicate,
+    check_each_published_once,
+    files_in,
+    kill_a_host_and_check_the_takeover,
+    make_host,
+    published_by,
+)
 from tests.test_hosts import page_png as hosts_page
 
 smbclient = pytest.importorskip("smbclient", reason="make test installs smbprotocol")
@@ -201,11 +209,7 @@ def test_two_hosts_on_one_share_publish_a_burst_each_once_and_share_the_work(sam
     folder of the share too: publishing onto a name another host took fails (ENOTEMPTY) and the
     next name is taken, never a mix of two documents."""
     share, port = samba
-    shared = {"inbox": share / "two-hosts", "outbox": share / "two-hosts-out",
-              "archive": tmp_path / "archive", "failed": tmp_path / "failed"}
-    for folder in (shared["inbox"], shared["outbox"]):
-        folder.mkdir()
-        os.chown(folder, pwd.getpwnam(USER).pw_uid, -1)
+    shared = served_folders(share, tmp_path, "two-hosts")
     taken, mine = shared["outbox"] / "taken", shared["outbox"] / "mine"
     for folder in (taken, mine):
         folder.mkdir()
@@ -233,4 +237,53 @@ def test_two_hosts_on_one_share_publish_a_burst_each_once_and_share_the_work(sam
     finally:
         for daemon in hosts:
             if daemon.alive:
+                daemon.kill9()
+
+
+def served_folders(share: Path, tmp_path: Path, name: str) -> dict[str, Path]:
+    """Inbox and outbox in the folder smbd serves (the hosts run on the Samba server: the
+    server-side topology of docs/scaling.md); archive and failed on a local disk."""
+    shared = {"inbox": share / name, "outbox": share / f"{name}-out",
+              "archive": tmp_path / "archive", "failed": tmp_path / "failed"}
+    for folder in (shared["inbox"], shared["outbox"]):
+        folder.mkdir()
+        os.chown(folder, pwd.getpwnam(USER).pw_uid, -1)
+    return shared
+
+
+@pytest.mark.timeout(420)
+def test_on_the_share_a_killed_hosts_claims_are_taken_over_and_published_once(samba, tmp_path):
+    """Test_hosts' kill -9 takeover with the files written by a scanner through SMB."""
+    share, port = samba
+    shared = served_folders(share, tmp_path, "killed-host")
+    first, second = (make_host(tmp_path, name, shared, takeover_seconds=3) for name in ("host-a", "host-b"))
+    scanner = Scanner(port, "killed-host")
+    names = [f"kill-{n:02d}.png" for n in range(30)]
+
+    def write_all() -> None:
+        for number, name in enumerate(names):
+            scanner.write(name, hosts_page(f"Kill {number}"))
+
+    try:
+        print(kill_a_host_and_check_the_takeover(first, second, names, write_all))
+    finally:
+        for daemon in (first, second):
+            if daemon.alive:
+                daemon.kill9()
+
+
+@pytest.mark.timeout(300)
+def test_on_the_share_a_copy_another_host_claims_is_a_duplicate_naming_the_original(samba, tmp_path):
+    """Test_hosts' duplicate across hosts with both copies written by a scanner through SMB."""
+    share, port = samba
+    shared = served_folders(share, tmp_path, "copy-hosts")
+    first, second = (make_host(tmp_path, name, shared, takeover_seconds=600) for name in ("host-a", "host-b"))
+    scanner = Scanner(port, "copy-hosts")
+    try:
+        check_a_copy_another_host_claims_is_a_duplicate(first, second, scanner.write)
+    finally:
+        for daemon in (first, second):
+            if daemon.alive:
+                if daemon.proc is not None:
+                    daemon.proc.send_signal(signal.SIGCONT)
                 daemon.kill9()
