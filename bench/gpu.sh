@@ -41,6 +41,13 @@
 #                                     the next one); $OUT/NAME.json, NAME.log, NAME-logs.tar.gz (daemons' and server's logs)
 #   bench/gpu.sh pair NAME [opts]     one setting, bare vs daemon one after the other on ONE GPU, same pages,
 #                                     one compile cache (/root/vcache): $OUT/NAME.json (tune needs two GPUs)
+#   bench/gpu.sh save-cache           the compile cache (/root/vcache: vLLM's torch.compile/AOT artefacts and the
+#                                     Triton kernels) as $OUT/vcache.tgz.NN parts of 15 MiB, for the next
+#                                     session: a machine starts bare, and a cold start costs ~250 s against
+#                                     ~75-110 s warm (NOTES-gpu §8-§10). Here, copy the parts into .vcache/
+#                                     (ignored); there, before `install`, one call per <= 60 MiB of parts:
+#                                     carry [".vcache"], `mkdir -p /root/vcache-parts && cp .vcache/* /root/vcache-parts/`;
+#                                     `install` then unpacks them (same vLLM, model and settings = same cache keys)
 # The chandrad measured is the working tree that travelled with the call (SRC, committed first).
 # Both may be given in one call: bench/gpu.sh install && bench/gpu.sh bench smoke --pages 4 ...
 set -uo pipefail
@@ -66,6 +73,10 @@ install() {
   printf '#!/bin/sh\nexec python3 -c "import sys; from chandrad.pdfium_page import cli; sys.exit(cli())" "$@"\n' \
     > /usr/local/bin/chandrad-render-page && chmod +x /usr/local/bin/chandrad-render-page
   [ -f $MODEL/config.json ] || python3 $CARRY/make_model.py $MODEL --arch chandra2-like --full-vocab | tail -1
+  if [ ! -d /root/vcache ] && ls /root/vcache-parts/vcache.tgz.* >/dev/null 2>&1; then
+    cat /root/vcache-parts/vcache.tgz.* | tar xzf - -C /root \
+      && echo "compile cache restored: $(du -sm /root/vcache | cut -f1) MiB" || echo "compile cache NOT restored"
+  fi
   python3 -c "import vllm, torch, transformers, chandra.output, watchdog, structlog, pdf2image, pydantic_settings; \
 print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" || return 1
   (cd $SRC && python3 -m chandrad version) || return 1
@@ -218,6 +229,15 @@ profile() {
   return $rc
 }
 
+save_cache() {
+  [ -d /root/vcache ] || { echo "no /root/vcache to save"; return 1; }
+  echo "vcache: $(du -sm /root/vcache | cut -f1) MiB"
+  tar cf - -C /root vcache | gzip -1 | split -b 15m -d -a 2 - "$OUT/vcache.tgz."
+  ls -la "$OUT"/vcache.tgz.*
+  # The call returns 8 files at most: more parts than that cannot all come back.
+  [ "$(ls "$OUT"/vcache.tgz.* | wc -l)" -le 8 ] || { echo "more than 8 parts: too large to bring back"; return 1; }
+}
+
 cmd=${1:-}; shift || true
 case "$cmd" in
   install) install ;;
@@ -227,6 +247,7 @@ case "$cmd" in
   tune) tune "$@" ;;
   ceilings) ceilings "$@" ;;
   pair) pair "$@" ;;
+  save-cache) save_cache ;;
   remote) remote "$@" ;;
   profile) profile "$@" ;;
   *) echo "usage: bench/gpu.sh install | ceilings NAME | profile NAME AFTER SECONDS [options] | pair NAME [options] | bench NAME [overhead.py options] | layouts NAME SECONDS \"LAYOUTS\" [options] | tune NAME SECONDS \"COMMON\" LABEL=\"OPTS\".. | soak NAME [soak_gpu.py options]"; exit 2 ;;

@@ -8,7 +8,7 @@
 # Both folders are ignored through .git/info/exclude; carry them: [".vllm-c7", ".whl", ".bench-carry"].
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-for p in /.whl/ /.bench-carry/ /.vllm-c*/; do grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude; done
+for p in /.whl/ /.bench-carry/ /.vllm-c*/ /.vcache/; do grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude; done
 rm -rf .bench-carry && mkdir -p .bench-carry/src .bench-carry/poppler/bin .bench-carry/poppler/lib
 # The committed code (REV=<commit>, default HEAD), not whatever is half-edited in the working tree.
 REV=${REV:-HEAD}
