@@ -7,6 +7,7 @@ CIFS itself needs kernel support this test machine does not offer to tests, so i
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageDraw
 
-from tests.conftest import corpus_file, wait_for
+from tests.conftest import DaemonProcess, corpus_file, wait_for
 from tests.test_hosts import (
     check_a_copy_another_host_claims_is_a_duplicate,
     check_each_published_once,
@@ -251,39 +252,39 @@ def served_folders(share: Path, tmp_path: Path, name: str) -> dict[str, Path]:
     return shared
 
 
-@pytest.mark.timeout(420)
-def test_on_the_share_a_killed_hosts_claims_are_taken_over_and_published_once(samba, tmp_path):
-    """Test_hosts' kill -9 takeover with the files written by a scanner through SMB."""
+@contextlib.contextmanager
+def served_hosts(samba: tuple[Path, int], tmp_path: Path, folder: str,
+                 takeover_seconds: float) -> Iterator[tuple[DaemonProcess, DaemonProcess, Scanner]]:
+    """host-a and host-b (not started) on ``folder`` of the share, and a scanner writing into it;
+    whatever is left running at the end is thawed and killed."""
     share, port = samba
-    shared = served_folders(share, tmp_path, "killed-host")
-    first, second = (make_host(tmp_path, name, shared, takeover_seconds=3) for name in ("host-a", "host-b"))
-    scanner = Scanner(port, "killed-host")
-    names = [f"kill-{n:02d}.png" for n in range(30)]
-
-    def write_all() -> None:
-        for number, name in enumerate(names):
-            scanner.write(name, hosts_page(f"Kill {number}"))
-
+    shared = served_folders(share, tmp_path, folder)
+    first, second = (make_host(tmp_path, name, shared, takeover_seconds) for name in ("host-a", "host-b"))
     try:
-        print(kill_a_host_and_check_the_takeover(first, second, names, write_all))
-    finally:
-        for daemon in (first, second):
-            if daemon.alive:
-                daemon.kill9()
-
-
-@pytest.mark.timeout(300)
-def test_on_the_share_a_copy_another_host_claims_is_a_duplicate_naming_the_original(samba, tmp_path):
-    """Test_hosts' duplicate across hosts with both copies written by a scanner through SMB."""
-    share, port = samba
-    shared = served_folders(share, tmp_path, "copy-hosts")
-    first, second = (make_host(tmp_path, name, shared, takeover_seconds=600) for name in ("host-a", "host-b"))
-    scanner = Scanner(port, "copy-hosts")
-    try:
-        check_a_copy_another_host_claims_is_a_duplicate(first, second, scanner.write)
+        yield first, second, Scanner(port, folder)
     finally:
         for daemon in (first, second):
             if daemon.alive:
                 if daemon.proc is not None:
                     daemon.proc.send_signal(signal.SIGCONT)
                 daemon.kill9()
+
+
+@pytest.mark.timeout(420)
+def test_on_the_share_a_killed_hosts_claims_are_taken_over_and_published_once(samba, tmp_path):
+    """Test_hosts' kill -9 takeover with the files written by a scanner through SMB."""
+    names = [f"kill-{n:02d}.png" for n in range(30)]
+    with served_hosts(samba, tmp_path, "killed-host", takeover_seconds=3) as (first, second, scanner):
+
+        def write_all() -> None:
+            for number, name in enumerate(names):
+                scanner.write(name, hosts_page(f"Kill {number}"))
+
+        print(kill_a_host_and_check_the_takeover(first, second, names, write_all))
+
+
+@pytest.mark.timeout(300)
+def test_on_the_share_a_copy_another_host_claims_is_a_duplicate_naming_the_original(samba, tmp_path):
+    """Test_hosts' duplicate across hosts with both copies written by a scanner through SMB."""
+    with served_hosts(samba, tmp_path, "copy-hosts", takeover_seconds=600) as (first, second, scanner):
+        check_a_copy_another_host_claims_is_a_duplicate(first, second, scanner.write)
