@@ -166,11 +166,11 @@ def kill_a_host_and_check_the_takeover(
     def claimed_by_first() -> list[str]:
         return [p.name for p in claims.iterdir() if p.is_dir()] if claims.exists() else []
 
-    wait_for(lambda: published_by(first) >= 3 and len(claimed_by_first()) >= 3, 90, "host-a in the middle of work")
+    wait_for(lambda: published_by(first) >= 3 and len(claimed_by_first()) >= 3, 60, "host-a in the middle of work")
     killed_at = time.time()  # before the signal: host-a may beat once more until it is dead
     first.kill9()
     held = claimed_by_first()
-    wait_for(lambda: len(files_in(first.archive)) >= len(names), 120, "every original archived")
+    wait_for(lambda: len(files_in(first.archive)) >= len(names), 90, "every original archived")
     all_done = time.time() - killed_at
     taken = [e for e in second.events() if e.get("event") == "took over a document of a host that stopped"]
     assert taken and {e["doc"] for e in taken} <= set(held), f"host-b took host-a's claims over (held: {held})"

@@ -553,13 +553,16 @@ class VllmServer:
                  f"the vLLM server {self.name}")
         assert self.proc is not None and self.proc.poll() is None, self.log_path.read_text()[-3000:]
 
+    def _log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
     def chats(self) -> int:
         """Pages this life of the server answered."""
-        return len(CHAT_ANSWERED.findall(self.log_path.read_text(errors="replace"))) if self.log_path.exists() else 0
+        return len(CHAT_ANSWERED.findall(self._log()))
 
     def pages_at_it(self) -> int:
         """Pages this life of the server took in and has not answered yet, from its own log."""
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        text = self._log()
         return len(ADDED.findall(text)) - len(CHAT_ANSWERED.findall(text))
 
     def kill9_with_a_page_at_it(self, timeout: float) -> int:

@@ -209,36 +209,28 @@ def test_two_hosts_on_one_share_publish_a_burst_each_once_and_share_the_work(sam
     through SMB. Every file is published once, by one of them, and both take part. The outbox is a
     folder of the share too: publishing onto a name another host took fails (ENOTEMPTY) and the
     next name is taken, never a mix of two documents."""
-    share, port = samba
-    shared = served_folders(share, tmp_path, "two-hosts")
-    taken, mine = shared["outbox"] / "taken", shared["outbox"] / "mine"
-    for folder in (taken, mine):
-        folder.mkdir()
-        (folder / "x.md").write_text(folder.name)
-    with pytest.raises(OSError) as refused:
-        os.rename(mine, taken)
-    assert refused.value.errno in (errno.ENOTEMPTY, errno.EEXIST), "a published folder is never replaced"
-    print(f"rename onto a published folder in the served outbox: {errno.errorcode[refused.value.errno]}")
-    shutil.rmtree(taken)
-    shutil.rmtree(mine)
-    hosts = [make_host(tmp_path, name, shared, takeover_seconds=3) for name in ("host-a", "host-b")]
-    try:
-        for daemon in hosts:
+    with served_hosts(samba, tmp_path, "two-hosts", takeover_seconds=3) as (first, second, scanner):
+        taken, mine = first.outbox / "taken", first.outbox / "mine"
+        for folder in (taken, mine):
+            folder.mkdir()
+            (folder / "x.md").write_text(folder.name)
+        with pytest.raises(OSError) as refused:
+            os.rename(mine, taken)
+        assert refused.value.errno in (errno.ENOTEMPTY, errno.EEXIST), "a published folder is never replaced"
+        print(f"rename onto a published folder in the served outbox: {errno.errorcode[refused.value.errno]}")
+        shutil.rmtree(taken)
+        shutil.rmtree(mine)
+        for daemon in (first, second):
             daemon.start()
-        scanner = Scanner(port, "two-hosts")
         names = [f"share-{n:02d}.png" for n in range(40)]
         for number, name in enumerate(names):
             scanner.write(name, hosts_page(f"Share {number}"))
-        wait_for(lambda: len(files_in(shared["archive"])) >= len(names), 240, "every original archived")
-        assert all(daemon.stop() == 0 for daemon in hosts)
-        check_each_published_once(names, *hosts)
-        shares = [published_by(daemon) for daemon in hosts]
+        wait_for(lambda: len(files_in(first.archive)) >= len(names), 240, "every original archived")
+        assert first.stop() == 0 and second.stop() == 0
+        check_each_published_once(names, first, second)
+        shares = [published_by(daemon) for daemon in (first, second)]
         assert min(shares) > 0, f"both hosts did part of the work: {shares}"
-        assert hosts[0].leftovers() == []
-    finally:
-        for daemon in hosts:
-            if daemon.alive:
-                daemon.kill9()
+        assert first.leftovers() == []
 
 
 def served_folders(share: Path, tmp_path: Path, name: str) -> dict[str, Path]:
