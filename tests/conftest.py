@@ -107,7 +107,9 @@ class DaemonProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, env: dict[str, str] | None = None, wait_until_watching: bool = True) -> DaemonProcess:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # PYTHONFAULTHANDLER: a daemon that does not stop is sent SIGABRT (``stop``), and every
+        # thread's stack lands in its log: a rare hang at SIGTERM was seen without any.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
         with open(self.log_path, "ab") as log:  # the child has its own copy of the descriptor
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "chandrad", "run", "--config", str(self.config)],
@@ -142,7 +144,13 @@ class DaemonProcess:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)  # the stacks of the hang, into the log (faulthandler)
+            self.proc.wait(10)
+            stacks = self.log_path.read_text(errors="replace").rpartition("Fatal Python error")[2]
+            pytest.fail(f"the daemon did not stop within {timeout:.0f} s of SIGTERM; its threads:\n{stacks[-6000:]}")
 
     def kill9(self, leave_children: bool = False) -> None:
         """SIGKILL the daemon and its children, as systemd ends a unit's cgroup; with
