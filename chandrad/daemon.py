@@ -84,6 +84,29 @@ async def supervised(name: str, loop_fn: Callable[[], Awaitable[None]]) -> None:
             await asyncio.sleep(5)
 
 
+def task_stacks() -> dict[str, str]:
+    """Each live task of the running loop by name, with the chain of awaits it is suspended in.
+
+    ``Task.get_stack`` gives a suspended task's outermost frame only; the await it is stuck in is
+    at the end of the ``cr_await`` chain, which is walked here.
+    """
+    stacks = {}
+    for task in asyncio.all_tasks():
+        chain: list[str] = []
+        awaited: Any = task.get_coro()
+        while awaited is not None and len(chain) < 40:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is None:  # a future's iterator (a task's, an event's, a sleep's): the end of the chain
+                kind = type(awaited).__name__
+                chain.append("awaiting a future" if kind in ("FutureIter", "Future") else f"awaiting a {kind}")
+                break
+            where = "/".join(Path(frame.f_code.co_filename).parts[-2:])
+            chain.append(f"{where}:{frame.f_lineno} in {frame.f_code.co_name}")
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+        stacks[task.get_name()] = "\n".join(chain)
+    return dict(sorted(stacks.items()))
+
+
 async def extend_start_timeout(notifier: Notifier, downloading: Callable[[], bool] = lambda: False) -> None:
     """Loading a large model can outlast TimeoutStartSec: keep telling systemd we are working.
 
@@ -165,6 +188,7 @@ class Daemon:
             (signal.SIGTERM, self.handle_exit),
             (signal.SIGINT, self.handle_exit),
             (signal.SIGHUP, self.handle_hup),
+            (signal.SIGUSR1, self.handle_usr1),
         ):
             loop.add_signal_handler(signum, handler, signum)
         try:
@@ -173,7 +197,7 @@ class Daemon:
                 await self.main_loop()
         finally:
             await self.shutdown()
-            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
                 loop.remove_signal_handler(signum)
         return 0
 
@@ -300,6 +324,11 @@ class Daemon:
 
     def handle_hup(self, signum: int = signal.SIGHUP) -> None:
         self.reload_requested.set()
+
+    def handle_usr1(self, signum: int = signal.SIGUSR1) -> None:
+        # `systemctl kill -s USR1 chandrad`: what every task is waiting on, for a daemon that looks
+        # stuck (threads' stacks need py-spy or faulthandler; an await shows in neither).
+        log.warning("tasks", tasks=task_stacks())
 
     def reload(self) -> None:
         """Re-read the config; on error keep running with the old one. Engine settings need a restart."""

@@ -147,10 +147,15 @@ class DaemonProcess:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGABRT)  # the stacks of the hang, into the log (faulthandler)
+            # What its tasks wait on (if the event loop still turns), then its threads' stacks (faulthandler).
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            tasks = [e.get("tasks") for e in self.events() if e.get("event") == "tasks"]
+            self.proc.send_signal(signal.SIGABRT)
             self.proc.wait(10)
             stacks = self.log_path.read_text(errors="replace").rpartition("Fatal Python error")[2]
-            pytest.fail(f"the daemon did not stop within {timeout:.0f} s of SIGTERM; its threads:\n{stacks[-6000:]}")
+            pytest.fail(f"the daemon did not stop within {timeout:.0f} s of SIGTERM; its tasks:\n"
+                        f"{json.dumps(tasks[-1:], indent=1)[-8000:]}\nits threads:\n{stacks[-6000:]}")
 
     def kill9(self, leave_children: bool = False) -> None:
         """SIGKILL the daemon and its children, as systemd ends a unit's cgroup; with

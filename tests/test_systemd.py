@@ -125,18 +125,22 @@ def test_sd_notify_ready_status_watchdog_reload_and_stopping(daemon_factory, not
     assert "STOPPING=1" in notify_socket.lines()
 
 
-def test_a_hung_engine_stops_the_watchdog_pings(daemon_factory, notify_socket, tmp_path):
+def hung_tesseract_path(tmp_path) -> str:
+    """A PATH whose tesseract answers --version (start-up) but never finishes a page."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     real = shutil.which("tesseract")
-    # A tesseract that answers --version (start-up) but never finishes a page.
     (fake_bin / "tesseract").write_text(
         f'#!/bin/sh\n[ "$1" = "--version" ] && exec {real} --version\nexec sleep 600\n'
     )
     (fake_bin / "tesseract").chmod(0o755)
+    return f"{fake_bin}:{os.environ['PATH']}"
+
+
+def test_a_hung_engine_stops_the_watchdog_pings(daemon_factory, notify_socket, tmp_path):
     daemon = daemon_factory(extra_config="watchdog_stall_seconds = 3")
     daemon.start(env={"NOTIFY_SOCKET": str(notify_socket.path), "WATCHDOG_USEC": "1000000",
-                      "PATH": f"{fake_bin}:{os.environ['PATH']}"})
+                      "PATH": hung_tesseract_path(tmp_path)})
     wait_for(lambda: notify_socket.lines().count("WATCHDOG=1") >= 2, 60, "pings while idle")
     drop(corpus_file("trivial.pdf"), daemon.inbox)
     wait_for(lambda: any(e.get("event", "").startswith("pipeline looks hung") for e in daemon.events()), 60,
@@ -145,6 +149,22 @@ def test_a_hung_engine_stops_the_watchdog_pings(daemon_factory, notify_socket, t
     time.sleep(3)
     assert notify_socket.lines().count("WATCHDOG=1") == pings_then, "no pings while the pipeline is hung"
     assert daemon.alive
+
+
+def test_sigusr1_logs_where_every_task_waits_and_the_daemon_goes_on(daemon_factory, tmp_path):
+    daemon = daemon_factory(extra_config="drain_seconds = 1").start(env={"PATH": hung_tesseract_path(tmp_path)})
+    drop(corpus_file("trivial.pdf"), daemon.inbox)
+    wait_for(lambda: daemon.journal_rows("SELECT 1 FROM documents"), 60, "the document taken in")
+    time.sleep(2)  # its page at the (hung) engine
+    daemon.proc.send_signal(signal.SIGUSR1)
+    wait_for(lambda: any(e.get("event") == "tasks" for e in daemon.events()), 30, "the task dump")
+    tasks = next(e for e in daemon.events() if e.get("event") == "tasks")["tasks"]
+    assert {"intake-0", "retry", "hosts", "delivery", "tick", "watch:inbox"} <= set(tasks), sorted(tasks)
+    # The document's worker is seen reading its pages, and the page's task waiting on the engine's program.
+    assert any(name.startswith("worker-") and "in read_pages" in stack for name, stack in tasks.items()), tasks
+    assert any("engine/tesseract.py" in stack and stack.endswith("awaiting a future") for stack in tasks.values()), tasks
+    assert daemon.alive
+    assert daemon.stop() == 0
 
 
 def test_metrics_are_served_on_the_configured_address(daemon_factory):
