@@ -197,7 +197,9 @@ class Daemon:
                 await self.main_loop()
         finally:
             await self.shutdown()
-            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+            # SIGUSR1 stays until the loop closes: asyncio.run's own clean-up (the default executor's
+            # threads joined) is one more place where a stop can hang, and the task dump shows it.
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
         return 0
 
