@@ -328,7 +328,8 @@ class Daemon:
         self.reload_requested.set()
 
     def handle_usr1(self, signum: int = signal.SIGUSR1) -> None:
-        # `systemctl kill -s USR1 chandrad`: what every task is waiting on, for a daemon that looks
+        # `systemctl kill --kill-whom=main -s USR1 chandrad` (the main process only: USR1 would end the
+        # engine's processes and tools): what every task is waiting on, for a daemon that looks
         # stuck (threads' stacks need py-spy or faulthandler; an await shows in neither).
         log.warning("tasks", tasks=task_stacks())
 
