@@ -27,6 +27,7 @@ from chandrad.engine import Engine, create_engine, loads_model_files, pages_in_f
 from chandrad.engine.processes import end_engines_left_behind
 from chandrad.errors import ConfigError
 from chandrad.hosts import Hosts, check_host_id_free
+from chandrad.intake import CONCURRENT_INTAKES
 from chandrad.journal import Journal
 from chandrad.metrics import Metrics, ObservedEngine
 from chandrad.modelfiles import FetchProgress, fetch_model_async, is_hub_id, process_hub_cache
@@ -39,7 +40,6 @@ log = structlog.get_logger("chandrad.daemon")
 
 # Settled files waiting for intake; when full, watchers wait (backpressure) instead of piling up.
 INTAKE_QUEUE_SIZE = 256
-INTAKE_WORKERS = 4
 RETRY_POLL_SECONDS = 1.0
 RETRY_QUEUE_DEPTH = 4  # × documents in flight: queued documents the retry loop keeps in memory
 TICK_SECONDS = 1.0
@@ -271,7 +271,7 @@ class Daemon:
             loops = [
                 # Several intakes at once: hashing and claiming one file at a time admitted only ~3
                 # files/s on a busy loop and starved a GPU at the start of a burst (bench/NOTES-overhead.md).
-                *(self._loop(f"intake-{n}", self._intake_loop) for n in range(INTAKE_WORKERS)),
+                *(self._loop(f"intake-{n}", self._intake_loop) for n in range(CONCURRENT_INTAKES)),
                 self._loop("retry", self._retry_loop),
                 # Our heartbeat, the other hosts' watched, the documents of dead ones taken over.
                 self._loop("hosts", self._hosts().run),
@@ -312,6 +312,8 @@ class Daemon:
             watcher.stop_observer()
         if self.engine is not None:
             await self.engine.aclose()
+        if self.pipeline is not None:
+            self.pipeline.close()
         if self.journal is not None:
             self.journal.close()
         self.metrics.close()

@@ -17,9 +17,12 @@ flattened PDF). Claims and staging folders of an older chandrad (``claimed/<doc_
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 from collections.abc import Callable
+from concurrent.futures import Executor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from chandrad.errors import InboxUnreachableError
 from chandrad.publish import safe_component
@@ -112,18 +115,26 @@ def inbox_reachable(inbox_path: Path) -> bool:
     return (inbox_path / DAEMON_DIR).is_dir()
 
 
+async def in_thread(threads: Executor | None, fn: Callable[..., T], *args: Any) -> T:
+    """``asyncio.to_thread`` on a pool of the caller's (None: the loop's default executor): ``fn``
+    sees the caller's context variables (structlog's bound ``doc_id``) as it would there."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(threads, call)
+
+
 # A share that stops answering (a hard NFS mount, a dead SMB server) can block a stat for minutes.
 PROBE_TIMEOUT_SECONDS = 20.0
 
 
-async def probe(inbox_path: Path, check: Callable[[], T]) -> T:
-    """Run a filesystem check on a path that may be remote, in a thread, within a deadline.
+async def probe(inbox_path: Path, check: Callable[[], T], threads: Executor | None = None) -> T:
+    """Run a filesystem check on a path that may be remote, in a thread of ``threads`` (None: the
+    loop's default executor), within a deadline.
 
     A check that does not answer in time raises ``InboxUnreachableError`` (the document waits); its
     thread cannot be cancelled and finishes on its own, but the event loop goes on meanwhile.
     """
     try:
-        return await asyncio.wait_for(asyncio.to_thread(check), PROBE_TIMEOUT_SECONDS)
+        return await asyncio.wait_for(in_thread(threads, check), PROBE_TIMEOUT_SECONDS)
     except TimeoutError:
         raise InboxUnreachableError(
             f"the inbox {inbox_path} did not answer within {PROBE_TIMEOUT_SECONDS:.0f} s (a hung network share?); "

@@ -41,6 +41,10 @@ class Pipeline:
         self.intake = Intake(self.runtime, self.failures)
         self.stages = DocumentStages(self.runtime, self.failures)
 
+    def close(self) -> None:
+        """Release what the parts hold besides the runtime's (intake's threads)."""
+        self.intake.close()
+
     def update_settings(self, settings: Settings) -> None:
         self.runtime.update_settings(settings)
 

@@ -8,7 +8,9 @@ import asyncio
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +67,7 @@ def make_world(tmp_path: Path, **inbox_settings: object) -> World:
 def world(tmp_path: Path) -> Iterator[World]:
     made = make_world(tmp_path)
     yield made
+    made.intake.close()
     made.journal.close()
 
 
@@ -85,6 +88,24 @@ async def test_a_settled_file_is_moved_into_its_claim_folder_and_queued(world: W
     assert claimed.read_bytes() == data
     assert not source.exists(), "the name in the inbox is free again: a scanner re-using it cannot touch ours"
     assert world.journal.get(doc.id).state == "queued"
+
+
+async def test_a_file_is_taken_in_while_every_thread_of_the_default_executor_is_busy(world: World) -> None:
+    """The documents in progress hold the loop's default threads while their pages render (a child
+    each); a burst of drops must not wait behind them (bench/intake.py: 48 files took 5 s on two
+    cores instead of 0.4, NOTES-gpu §12: ~19 files a second on an H200 host)."""
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=2, thread_name_prefix="busy-render"))
+    release = threading.Event()
+    renders = [loop.run_in_executor(None, release.wait) for _ in range(2)]
+    try:
+        source = world.drop("scan.png", text_png("burst"))
+        doc = await asyncio.wait_for(world.intake.take_in(world.settled(source)), timeout=20)
+        assert doc is not None and doc.state == "queued"
+        assert not source.exists()
+    finally:
+        release.set()
+        await asyncio.gather(*renders)
 
 
 async def test_a_symbolic_link_is_refused_into_failed_with_its_reason_and_never_followed(
