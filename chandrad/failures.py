@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from chandrad import folders, hosts, publish
+from chandrad import hosts, publish
 from chandrad.backoff import backoff_seconds
 from chandrad.config import InboxSettings
 from chandrad.durable import makedirs_durably, move_durably, reserve_name, write_file_durably
@@ -152,7 +152,7 @@ class Failures:
             # An original gone because another host took it over is that host's to publish or
             # fail: failing it here too would report a document that is not lost, and drop the
             # seen marker that now names the taker's copy.
-            taker = await folders.probe(inbox.path, lambda: hosts.lost_to(inbox.path, claimed, doc.id))
+            taker = await runtime.probe(inbox.path, lambda: hosts.lost_to(inbox.path, claimed, doc.id))
             if taker is not None:
                 await hosts.forget_taken_over(runtime, doc, inbox, taker)
                 return Outcome(doc.id, "taken over")

@@ -494,7 +494,7 @@ class Hosts:
                 write_file_durably(path, data)
 
             try:
-                await folders.probe(inbox.path, write)
+                await self.runtime.probe(inbox.path, write)
             except (OSError, InboxUnreachableError) as error:
                 log.warning("cannot write the heartbeat", inbox=inbox.name, error=str(error))
 
@@ -523,7 +523,7 @@ class Hosts:
         """Read the other hosts' heartbeats on one inbox and take over the documents of the dead."""
         self.watch.takeover_seconds = self.runtime.settings.takeover_seconds  # after a reload
         me = self.runtime.host_id
-        beats = await folders.probe(inbox.path, lambda: _other_heartbeats(inbox.path, me))
+        beats = await self.runtime.probe(inbox.path, lambda: _other_heartbeats(inbox.path, me))
         for host_id, content in beats.items():
             self.watch.observe(inbox.path, host_id, content)
             if self.watch.is_dead(inbox.path, host_id):
@@ -532,9 +532,9 @@ class Hosts:
     async def take_over(self, inbox: InboxSettings, dead: str) -> None:
         me = self.runtime.host_id
         heartbeat = folders.heartbeat_path(inbox.path, dead)
-        for doc_id in await folders.probe(inbox.path, lambda: _dead_host_claims(inbox.path, dead)):
+        for doc_id in await self.runtime.probe(inbox.path, lambda: _dead_host_claims(inbox.path, dead)):
             # Looked at again before each folder: a host that comes back mid-takeover keeps the rest.
-            content = await folders.probe(inbox.path, lambda: _read_bytes(heartbeat))
+            content = await self.runtime.probe(inbox.path, lambda: _read_bytes(heartbeat))
             self.watch.observe(inbox.path, dead, content)
             if not self.watch.is_dead(inbox.path, dead):
                 log.info("a host came back during its takeover; leaving it the rest", inbox=inbox.name, host=dead)

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import stat
 import time
-from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 
@@ -32,22 +30,14 @@ from chandrad.watch import SettledFile
 
 log = structlog.get_logger("chandrad.intake")
 
-T = TypeVar("T")
-
-# Files taken in at once: the daemon runs this many intake loops, and intake has as many threads of
-# its own. On the shared default executor, a file's hash, claim record and rename queued behind the
-# page renders of the documents already in progress (each holds a thread for its child's whole
-# run): in a burst the first ~25 files were queued in 0.2 s, the rest at ~19 a second on an H200
-# host (bench/NOTES-gpu.md §12), and 48 files on 2 cores took 5 s instead of 0.3 (bench/intake.py).
+# Files taken in at once (the daemon's intake loops). Their file work runs on the runtime's inbox
+# threads, not behind page renders (runtime.INBOX_THREADS says why).
 CONCURRENT_INTAKES = 4
 
 
-async def duplicate_of(
-    runtime: Runtime, doc: Document, inbox: InboxSettings, threads: Executor | None = None
-) -> DuplicateError | None:
+async def duplicate_of(runtime: Runtime, doc: Document, inbox: InboxSettings) -> DuplicateError | None:
     """Why ``doc`` is a copy of a document taken in before it, here or by another host, or None.
-    Call it only once ``doc`` is claimed: its content's marker on the share is made here. Its file
-    work runs on ``threads`` (None: the loop's default executor)."""
+    Call it only once ``doc`` is claimed: its content's marker on the share is made here."""
     if inbox.effective(doc.rel_path).duplicates != "skip" or not doc.sha256:  # a rule may say otherwise
         return None
     journal = runtime.journal
@@ -62,9 +52,7 @@ async def duplicate_of(
     if not runtime.move_originals:
         return None
     for _ in range(3):
-        marker = await folders.probe(
-            inbox.path, lambda: hosts.mark_seen(inbox.path, doc.sha256, runtime.host_id, doc), threads
-        )
+        marker = await runtime.probe(inbox.path, lambda: hosts.mark_seen(inbox.path, doc.sha256, runtime.host_id, doc))
         if marker is None:
             return None
         known = await journal.call(journal.find, str(marker.get("doc_id")))
@@ -73,7 +61,7 @@ async def duplicate_of(
                 f"{marker.get('rel_path')} (taken in by host {marker.get('host_id')} at {marker.get('at')})"
             )
         # A marker our own failed document left (a crash before its removal): no twin.
-        await folders.in_thread(threads, hosts.forget_seen, inbox.path, doc.sha256, known.id)
+        await runtime.on_inbox(hosts.forget_seen, inbox.path, doc.sha256, known.id)
     return None
 
 
@@ -125,16 +113,6 @@ class Intake:
         # be queued twice (a rescan re-announces it while intake is slow): the second would hash
         # it, lose the race to claim it, and journal a phantom "vanished" document.
         self._taking_in: set[Path] = set()
-        # Created lazily, a thread at a time: a pipeline that never takes a file in starts none.
-        self._threads = ThreadPoolExecutor(max_workers=CONCURRENT_INTAKES, thread_name_prefix="intake")
-
-    def close(self) -> None:
-        """Let intake's idle threads end (a thread blocked on a dead share ends when it returns)."""
-        self._threads.shutdown(wait=False)
-
-    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on intake's own threads, never behind the page renders."""
-        return await folders.in_thread(self._threads, fn, *args)
 
     async def take_in(self, settled: SettledFile) -> Document | None:
         """Journal and claim a settled file. Returns the queued document, or None if nothing is to do."""
@@ -162,7 +140,7 @@ class Intake:
             refusal = PermanentError("it is not a regular file (a pipe, socket or device)", stage="intake")
         else:
             try:
-                unchanged = await self._blocking(_hash_unchanged, settled)
+                unchanged = await self.runtime.on_inbox(_hash_unchanged, settled)
             except FileNotFoundError:
                 return None  # gone again before we got to it: nothing entered
             except DocumentError as error:
@@ -181,7 +159,7 @@ class Intake:
         if doc is None:
             return None
         if refusal is None:
-            refusal = await duplicate_of(self.runtime, doc, inbox, self._threads)
+            refusal = await duplicate_of(self.runtime, doc, inbox)
         if refusal is not None:
             await self.failures.fail(doc, refusal)
             return None
@@ -200,15 +178,15 @@ class Intake:
         try:
             # The record first: a claim folder holding a file always says what it is (a takeover
             # needs that), and a claim lost to another host leaves only the record, removed here.
-            await self._blocking(hosts.write_claim_record, claimed.parent, record)
-            await self._blocking(move_durably, settled.path, claimed)
+            await self.runtime.on_inbox(hosts.write_claim_record, claimed.parent, record)
+            await self.runtime.on_inbox(move_durably, settled.path, claimed)
         except FileNotFoundError:
             # Gone before it was taken in (another host's claim came first): no document.
-            await self._blocking(remove_claim_folder, claimed.parent)
+            await self.runtime.on_inbox(remove_claim_folder, claimed.parent)
             await journal.call(journal.forget, doc.id)
             return None
         except OSError as error:
-            await self._blocking(remove_claim_folder, claimed.parent)
+            await self.runtime.on_inbox(remove_claim_folder, claimed.parent)
             reason = (
                 f"chandrad cannot move the file out of the inbox: {error.strerror}; give its user "
                 f"write access to the folder and drop the file again (it was left where it is)"
@@ -229,7 +207,7 @@ class Intake:
         journaled: dict[str, Any] = {"claimed_path": str(claimed)}
         if doc.sha256 and settled.kind == "regular":
             try:
-                replaced = await self._blocking(_rehash_if_replaced, claimed, settled)
+                replaced = await self.runtime.on_inbox(_rehash_if_replaced, claimed, settled)
             except (DocumentError, OSError) as error:
                 refusal = (
                     error
@@ -248,6 +226,6 @@ class Intake:
                 record = hosts.claim_record_of(
                     replace(doc, sha256=sha256, size=size, mtime_ns=mtime_ns), self.runtime.host_id
                 )
-                await self._blocking(hosts.write_claim_record, claimed.parent, record)
+                await self.runtime.on_inbox(hosts.write_claim_record, claimed.parent, record)
                 journaled.update(sha256=sha256, size=size, mtime_ns=mtime_ns)
         return await journal.call(journal.set_state, doc.id, "settled", **journaled)

@@ -42,8 +42,8 @@ class Pipeline:
         self.stages = DocumentStages(self.runtime, self.failures)
 
     def close(self) -> None:
-        """Release what the parts hold besides the runtime's (intake's threads)."""
-        self.intake.close()
+        """Release the runtime's inbox threads."""
+        self.runtime.close()
 
     def update_settings(self, settings: Settings) -> None:
         self.runtime.update_settings(settings)

@@ -8,15 +8,26 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from chandrad import delivery, folders, prepare, publish
 from chandrad.config import InboxSettings, Settings
 from chandrad.durable import reserve_name
 from chandrad.engine.base import Engine
 from chandrad.journal import Document, Journal, NewDelivery
+
+T = TypeVar("T")
+
+# Threads for the short file work on the inboxes: intake's hash, claim record and rename, and every
+# share probe (heartbeats, claims, outputs). Not the loop's default executor: the documents in
+# progress hold its threads for each page render's whole child run, so a burst of drops was taken
+# in behind them (96 PDFs in 9.5 s instead of 3.4 on 2 cores, bench/NOTES-overhead.md), and a
+# probe's deadline, meant for a share that stopped answering, could run out in that queue. Enough
+# for intake's loops and the probes besides, and for a few probes stuck on a dead share.
+INBOX_THREADS = 16
 
 
 @dataclass(frozen=True)
@@ -56,9 +67,27 @@ class Runtime:
     move_originals: bool = True
     clock: Callable[[], float] = time.time
     inboxes: dict[str, InboxSettings] = field(default_factory=dict)
+    # Started lazily, a thread at a time: a runtime that never touches an inbox starts none.
+    inbox_threads: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=INBOX_THREADS, thread_name_prefix="inbox"),
+        repr=False,
+    )
 
     def __post_init__(self) -> None:
         self.inboxes = {**self.inboxes, **{inbox.name: inbox for inbox in self.settings.inbox}}
+
+    def close(self) -> None:
+        """Let the inbox threads end once idle (one blocked on a dead share ends when it returns)."""
+        self.inbox_threads.shutdown(wait=False)
+
+    async def on_inbox(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the inbox threads, never queued behind page renders (no deadline: use
+        ``probe`` for a check on a share that may hang)."""
+        return await folders.in_thread(self.inbox_threads, fn, *args)
+
+    async def probe(self, path: Path, check: Callable[[], T]) -> T:
+        """``folders.probe`` on the inbox threads: its deadline measures the share, not a queue."""
+        return await folders.probe(path, check, self.inbox_threads)
 
     def update_settings(self, settings: Settings) -> None:
         """After a reload: documents of an inbox that vanished from the config keep its old settings."""

@@ -29,7 +29,6 @@ from chandrad.durable import move_durably, place_copy, rename_dir_durably
 from chandrad.engine import pages_in_flight
 from chandrad.errors import DiskFullError, DocumentError, PermanentError, TransientError, is_disk_full
 from chandrad.failures import Failures
-from chandrad.folders import probe
 from chandrad.intake import duplicate_of
 from chandrad.journal import Document, PageRecord
 from chandrad.pages import PageReader, check_inbox_reachable
@@ -117,14 +116,16 @@ class DocumentStages:
         doc, inbox = work.doc, work.inbox
         if doc.state == "publishing" and doc.output_dir:
             output_dir = Path(doc.output_dir)
-            if await probe(inbox.outbox, lambda: not work.staging.exists() and _published_by(output_dir, doc.id)):
+            if await self.runtime.probe(
+                inbox.outbox, lambda: not work.staging.exists() and _published_by(output_dir, doc.id)
+            ):
                 return await self.finish(work)  # renamed into place before a crash: only the original is left
-        if not await probe(inbox.path, work.claimed.exists):
+        if not await self.runtime.probe(inbox.path, work.claimed.exists):
             finished = await self.failures.complete_after_crash(doc, inbox)
             if finished is not None:
                 return finished
             await self.check_still_ours(work)
-            await probe(inbox.path, lambda: check_inbox_reachable(inbox))
+            await self.runtime.probe(inbox.path, lambda: check_inbox_reachable(inbox))
             raise PermanentError("the claimed original disappeared from the inbox's .chandrad folder", stage="resume")
         if doc.state == "queued" and doc.attempts == 0:
             # A crash between intake's claim and its duplicate check (or the check's move to
@@ -141,7 +142,7 @@ class DocumentStages:
         if not self.runtime.move_originals:
             return
         inbox, doc_id = work.inbox.path, work.doc.id
-        taker = await probe(inbox, lambda: hosts.lost_to(inbox, work.claimed, doc_id))
+        taker = await self.runtime.probe(inbox, lambda: hosts.lost_to(inbox, work.claimed, doc_id))
         if taker is not None:
             raise hosts.ClaimLost(taker)
 

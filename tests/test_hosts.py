@@ -5,13 +5,16 @@ survivor, and a copy taken in by one host of content another host took in is a d
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -24,7 +27,7 @@ from chandrad import folders
 from chandrad import hosts as hostsmod
 from chandrad.config import EngineSettings, InboxSettings, Settings
 from chandrad.errors import ConfigError
-from chandrad.hosts import HostWatch, check_host_id_free, mark_seen
+from chandrad.hosts import Hosts, HostWatch, check_host_id_free, mark_seen
 from chandrad.journal import Journal
 from chandrad.runtime import now_iso
 from tests.conftest import DaemonProcess, wait_for
@@ -462,3 +465,25 @@ def recovery_world(tmp_path):
     from tests.test_recovery import world as make
 
     yield from make.__wrapped__(tmp_path)
+
+
+async def test_the_heartbeat_is_written_while_every_thread_of_the_default_executor_is_busy(tmp_path):
+    """Documents in progress hold the loop's default threads while their pages render; a heartbeat
+    probe queued behind them ran out its 20 s deadline as if the share had hung, and a host whose
+    beats keep failing for takeover_seconds is taken over while alive."""
+    from tests.test_intake import make_world
+
+    world = make_world(tmp_path)
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=2, thread_name_prefix="busy-render"))
+    release = threading.Event()
+    renders = [loop.run_in_executor(None, release.wait) for _ in range(2)]
+    try:
+        await asyncio.wait_for(Hosts(world.runtime, lambda doc_id: None).beat(), timeout=10)
+        beat = json.loads(folders.heartbeat_path(world.inbox.path, world.runtime.host_id).read_text())
+        assert beat["seq"] == 1
+    finally:
+        release.set()
+        await asyncio.gather(*renders)
+        world.runtime.close()
+        world.journal.close()

@@ -67,7 +67,7 @@ def make_world(tmp_path: Path, **inbox_settings: object) -> World:
 def world(tmp_path: Path) -> Iterator[World]:
     made = make_world(tmp_path)
     yield made
-    made.intake.close()
+    made.runtime.close()
     made.journal.close()
 
 
