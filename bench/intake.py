@@ -84,7 +84,7 @@ def one_run(src: Path, pdfs: list[Path], root: Path, documents: int) -> dict[str
             raise SystemExit(f"daemon from {src} exited at start:\n{log_path.read_text()[-2000:]}")
         # Copied next to the inbox first, then renamed in: a drop that arrives all at once.
         staged = [root / p.name for p in pdfs]
-        for source, target in zip(pdfs, staged):
+        for source, target in zip(pdfs, staged, strict=True):
             target.write_bytes(source.read_bytes())
         dropped_at = time.time()
         for target in staged:
