@@ -194,6 +194,7 @@ async def _convert_once(
                     group.create_task(bounded(file, doc_id))
         finally:
             await engine.aclose()
+            pipeline.close()
             journal.close()
             # Leave the output folder holding only outputs: the staging folders are empty now.
             staging = staging_root(output_dir)
