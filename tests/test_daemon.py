@@ -69,7 +69,7 @@ def test_every_corpus_file_ends_in_outbox_or_failed_as_the_manifest_says(daemon_
             assert document["num_pages"] == pages, name
             assert (daemon.archive / name).exists() and not (daemon.failed / name).exists()
     assert [p for p in daemon.inbox.iterdir() if p.name != ".chandrad"] == [], "the inbox is empty when done"
-    assert daemon.leftovers() == []
+    assert daemon.leftovers_once_cleared() == []
     assert daemon.stop() == 0
 
 
@@ -107,7 +107,7 @@ def test_kill_9_mid_document_then_restart_publishes_exactly_once(daemon_factory)
     resumed = [e for e in daemon.events() if e.get("event") == "document prepared"][-1]
     assert resumed["done_before"] >= 1, "pages finished before the kill are not redone"
     assert (daemon.archive / "multipage.pdf").exists()
-    assert daemon.leftovers() == []
+    assert daemon.leftovers_once_cleared() == []
     assert daemon.stop() == 0
 
 
@@ -131,7 +131,7 @@ def test_sigterm_exits_zero_and_a_restart_resumes_queued_work(daemon_factory):
     daemon.start()
     wait_for(lambda: daemon.settled_all(1), 180, "the document to finish after restart")
     assert daemon.states() == {"multipage.pdf": "published"}
-    assert daemon.leftovers() == []
+    assert daemon.leftovers_once_cleared() == []
 
 
 def test_symlinks_and_fifos_in_the_inbox_are_refused_without_reading_them(daemon_factory, tmp_path):

@@ -87,7 +87,7 @@ def test_retry_puts_a_failed_document_back_whether_the_daemon_is_stopped_or_runn
     unknown = chandrad(daemon, "retry", "never-seen.pdf")
     assert unknown.returncode == EXIT_FAILED and "no failed document" in unknown.stderr
     assert "no failed documents" in chandrad(daemon, "status", "--failed").stdout
-    assert daemon.leftovers() == []
+    assert daemon.leftovers_once_cleared() == []
     assert daemon.stop() == 0
 
 

@@ -201,7 +201,7 @@ def test_a_burst_of_50_files_gives_50_results(share_daemon, polling):
     wait_for(lambda: daemon.settled_all(50) or len(daemon.states()) > 50, 300, "fifty results")
     assert daemon.states() == {f"burst-{number:02d}.png": "published" for number in range(50)}
     assert sorted(published(daemon)) == [f"burst-{number:02d}" for number in range(50)]
-    assert daemon.leftovers() == []
+    assert daemon.leftovers_once_cleared() == []
 
 
 def test_two_hosts_on_one_share_publish_a_burst_each_once_and_share_the_work(samba, tmp_path):
@@ -230,7 +230,7 @@ def test_two_hosts_on_one_share_publish_a_burst_each_once_and_share_the_work(sam
         check_each_published_once(names, first, second)
         shares = [published_by(daemon) for daemon in (first, second)]
         assert min(shares) > 0, f"both hosts did part of the work: {shares}"
-        assert first.leftovers() == []
+        assert first.leftovers_once_cleared() == []
 
 
 def served_folders(share: Path, tmp_path: Path, name: str) -> dict[str, Path]:

@@ -218,7 +218,7 @@ def test_kill_9_of_the_engine_core_mid_batch_is_survived_and_nothing_is_lost(dae
     assert any(e.get("event") == "engine restarted" for e in daemon.events())
     assert sorted(p.name for p in daemon.outbox.iterdir() if not p.name.startswith(".")) == ["cardinal", "multipage"]
     assert json.loads((daemon.outbox / "multipage" / "multipage.json").read_text())["num_pages"] == 6
-    assert daemon.leftovers() == []
+    assert daemon.leftovers_once_cleared() == []
     new_cores = engine_core_pids(daemon.proc.pid)
     assert new_cores and not set(new_cores) & set(cores)
     assert daemon.stop() == 0
@@ -249,7 +249,7 @@ def test_replicas_start_side_by_side_and_one_killed_replica_restarts_alone(daemo
     assert survivor in engine_core_pids(daemon.proc.pid), "the other replica ran on untouched"
     assert len(engine_core_pids(daemon.proc.pid)) == 2
     assert json.loads((daemon.outbox / "multipage" / "multipage.json").read_text())["num_pages"] == 6
-    assert daemon.leftovers() == []
+    assert daemon.leftovers_once_cleared() == []
     assert daemon.stop() == 0
 
 

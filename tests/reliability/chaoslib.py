@@ -426,7 +426,7 @@ def check_accounted(daemon: ChaosDaemon, inputs: dict[str, Expect], formats: tup
     assert len(rows) <= len(inputs) + allow_extra_failed, (
         f"{len(rows)} journal rows for {len(inputs)} inputs: "
         f"{[(r['rel_path'], r['state'], r['error']) for r in rows]}")
-    assert daemon.leftovers() == [], f"leftovers: {daemon.leftovers()}"
+    assert (left := daemon.leftovers_once_cleared()) == [], f"leftovers: {left}"
     work = daemon.state / "work"
     assert not work.exists() or list(work.iterdir()) == [], f"work dirs left: {list(work.iterdir())}"
     return {"losses": losses, "duplicates": dupes, "published": len(published_rows), "failed": len(failed_rows)}

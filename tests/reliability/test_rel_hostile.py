@@ -278,7 +278,7 @@ def test_files_deleted_while_settling_or_while_being_read_are_accounted_for(chao
     assert daemon.states() == {"scan.pdf": "failed"}
     report = json.loads((daemon.failed / "scan.pdf.error.json").read_text())
     assert "disappeared" in report["reason"], report
-    assert published_dirs(daemon.outbox) == [] and daemon.leftovers() == []
+    assert published_dirs(daemon.outbox) == [] and daemon.leftovers_once_cleared() == []
     assert daemon.stop() == 0
 
 
@@ -353,7 +353,7 @@ def test_twenty_identical_files_dropped_together_are_published_once(chaos_factor
     assert sorted(states.values()).count("published") == 1, states
     reports = [json.loads(p.read_text()) for p in daemon.failed.glob("*.error.json")]
     assert len(reports) == 19 and all(r["kind"] == "duplicate" for r in reports)
-    assert len(published_dirs(daemon.outbox)) == 1 and daemon.leftovers() == []
+    assert len(published_dirs(daemon.outbox)) == 1 and daemon.leftovers_once_cleared() == []
     assert len(daemon.journal_rows("SELECT 1 FROM documents")) == 20, "no phantom rows"
 
 

@@ -213,4 +213,4 @@ def test_sigterm_while_ghostscript_hangs_exits_promptly_and_the_document_resumes
     daemon.start()
     wait_for(lambda: daemon.final_count() == 1, 60, "the interrupted document to resume")
     assert daemon.stop() == 0
-    assert daemon.states() == {"gshang-form.pdf": "published"} and daemon.leftovers() == []
+    assert daemon.states() == {"gshang-form.pdf": "published"} and daemon.leftovers_once_cleared() == []
