@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -167,6 +168,20 @@ def engine_core_pids(daemon_pid: int) -> list[int]:
     return [pid for pid in descendant_pids(daemon_pid) if "EngineCore" in process_cmdline(pid)]
 
 
+def cpu_ticks(pid: int) -> int:
+    """A process's user + system CPU time in clock ticks (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def busy(pid: int, seconds: float = 0.5, ticks: int = 10) -> bool:
+    """Whether ``pid`` computes (an EngineCore with a request in hand) rather than waits for one:
+    an idle EngineCore blocks on its input queue and spends no CPU."""
+    before = cpu_ticks(pid)
+    time.sleep(seconds)
+    return cpu_ticks(pid) - before >= ticks
+
+
 def page_events(daemon) -> list[dict]:
     return [e for e in daemon.events() if e.get("event") == "page done"]
 
@@ -237,6 +252,9 @@ def test_replicas_start_side_by_side_and_one_killed_replica_restarts_alone(daemo
         drop(corpus_file(name), daemon.inbox)
     wait_for(lambda: page_events(daemon), 120, "the first page")
     victim, survivor = cores
+    # Killed while it reads a page (once, right after the first page, it had none in hand and
+    # nothing could move): its CPU time says so, seen from outside.
+    wait_for(lambda: busy(victim), 120, "the replica to be reading a page")
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: daemon.settled_all(2), 240, "both documents after one replica was killed")
     assert daemon.states() == {"multipage.pdf": "published", "cardinal.pdf": "published"}
