@@ -115,9 +115,9 @@ def inbox_reachable(inbox_path: Path) -> bool:
     return (inbox_path / DAEMON_DIR).is_dir()
 
 
-async def in_thread(threads: Executor | None, fn: Callable[..., T], *args: Any) -> T:
-    """``asyncio.to_thread`` on a pool of the caller's (None: the loop's default executor): ``fn``
-    sees the caller's context variables (structlog's bound ``doc_id``) as it would there."""
+async def in_thread(threads: Executor, fn: Callable[..., T], *args: Any) -> T:
+    """``asyncio.to_thread`` on a pool of the caller's: ``fn`` sees the caller's context variables
+    (structlog's bound ``doc_id``) as it would there."""
     call = functools.partial(contextvars.copy_context().run, fn, *args)
     return await asyncio.get_running_loop().run_in_executor(threads, call)
 
@@ -126,9 +126,9 @@ async def in_thread(threads: Executor | None, fn: Callable[..., T], *args: Any) 
 PROBE_TIMEOUT_SECONDS = 20.0
 
 
-async def probe(inbox_path: Path, check: Callable[[], T], threads: Executor | None = None) -> T:
-    """Run a filesystem check on a path that may be remote, in a thread of ``threads`` (None: the
-    loop's default executor), within a deadline.
+async def probe(inbox_path: Path, check: Callable[[], T], threads: Executor) -> T:
+    """Run a filesystem check on a path that may be remote, in a thread of ``threads``, within a
+    deadline (callers use ``Runtime.probe``: the inbox threads, where no render queue eats it).
 
     A check that does not answer in time raises ``InboxUnreachableError`` (the document waits); its
     thread cannot be cancelled and finishes on its own, but the event loop goes on meanwhile.

@@ -24,7 +24,7 @@ T = TypeVar("T")
 # Threads for the short file work on the inboxes: intake's hash, claim record and rename, and every
 # share probe (heartbeats, claims, outputs). Not the loop's default executor: the documents in
 # progress hold its threads for each page render's whole child run, so a burst of drops was taken
-# in behind them (96 PDFs in 9.5 s instead of 3.4 on 2 cores, bench/NOTES-overhead.md), and a
+# in behind them (96 PDFs queued after 9.9 s instead of 2.3 on 2 cores, bench/NOTES-overhead.md), and a
 # probe's deadline, meant for a share that stopped answering, could run out in that queue. Enough
 # for intake's loops and the probes besides, and for a few probes stuck on a dead share.
 INBOX_THREADS = 16

@@ -92,8 +92,8 @@ async def test_a_settled_file_is_moved_into_its_claim_folder_and_queued(world: W
 
 async def test_a_file_is_taken_in_while_every_thread_of_the_default_executor_is_busy(world: World) -> None:
     """The documents in progress hold the loop's default threads while their pages render (a child
-    each); a burst of drops must not wait behind them (bench/intake.py: 48 files took 5 s on two
-    cores instead of 0.4, NOTES-gpu §12: ~19 files a second on an H200 host)."""
+    each); a burst of drops must not wait behind them (bench/intake.py: 48 files were all queued
+    6.3 s after the drop on two cores instead of 1.7; NOTES-gpu §12: ~19 files a second on an H200)."""
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=2, thread_name_prefix="busy-render"))
     release = threading.Event()
