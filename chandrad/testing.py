@@ -12,7 +12,7 @@ from typing import Any
 
 from chandrad.config import PrepareSettings
 from chandrad.durable import rename_dir_durably
-from chandrad.engine.processes import process_argv
+from chandrad.engine.processes import _stat_fields, process_argv
 from chandrad.prepare import PageImage, PreparedDocument
 from chandrad.publish import stage_files
 
@@ -20,6 +20,7 @@ __all__ = [
     "EC_LOADED_LINE",
     "ec_loads_logging_config",
     "process_cmdline",
+    "process_cpu_ticks",
     "publish_directory",
     "render_pages",
 ]
@@ -47,6 +48,12 @@ def ec_loads_logging_config() -> dict[str, Any]:
 def process_cmdline(pid: int) -> str:
     """A process's command line as one string ("" once it is gone)."""
     return " ".join(process_argv(pid))
+
+
+def process_cpu_ticks(pid: int) -> int | None:
+    """A process's user + system CPU time in clock ticks (None once it is gone)."""
+    fields = _stat_fields(pid)
+    return int(fields[11]) + int(fields[12]) if fields is not None else None
 
 
 def render_pages(

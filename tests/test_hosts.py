@@ -12,10 +12,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -471,19 +469,14 @@ async def test_the_heartbeat_is_written_while_every_thread_of_the_default_execut
     """Documents in progress hold the loop's default threads while their pages render; a heartbeat
     probe queued behind them ran out its 20 s deadline as if the share had hung, and a host whose
     beats keep failing for takeover_seconds is taken over while alive."""
-    from tests.test_intake import make_world
+    from tests.test_intake import default_executor_held, make_world
 
     world = make_world(tmp_path)
-    loop = asyncio.get_running_loop()
-    loop.set_default_executor(ThreadPoolExecutor(max_workers=2, thread_name_prefix="busy-render"))
-    release = threading.Event()
-    renders = [loop.run_in_executor(None, release.wait) for _ in range(2)]
     try:
-        await asyncio.wait_for(Hosts(world.runtime, lambda doc_id: None).beat(), timeout=10)
+        async with default_executor_held():
+            await asyncio.wait_for(Hosts(world.runtime, lambda doc_id: None).beat(), timeout=10)
         beat = json.loads(folders.heartbeat_path(world.inbox.path, world.runtime.host_id).read_text())
         assert beat["seq"] == 1
     finally:
-        release.set()
-        await asyncio.gather(*renders)
         world.runtime.close()
         world.journal.close()

