@@ -82,6 +82,14 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
 START_TIMEOUT_SECONDS = 180
 
 
+def _walk(base: Path) -> Iterator[tuple[Path, bool]]:
+    """Every path below ``base`` and whether it is a folder. os.walk, not rglob: the daemon clears a
+    document's folders while a test polls, and rglob raised on a folder removed mid-walk."""
+    for folder, dirnames, filenames in os.walk(base):
+        yield from ((Path(folder) / name, True) for name in dirnames)
+        yield from ((Path(folder) / name, False) for name in filenames)
+
+
 class DaemonProcess:
     """``chandrad run`` in a child process, on a throwaway inbox/outbox/archive/failed tree."""
 
@@ -200,17 +208,15 @@ class DaemonProcess:
         """Anything the daemon left half-done: staging dirs, claimed files, temp files."""
         found = []
         for base in (self.outbox / ".chandrad" / "staging", self.inbox / ".chandrad" / "claimed"):
-            if base.exists():
-                for path in base.rglob("*"):
-                    within = path.relative_to(base).parts
-                    if len(within) == 1 and path.is_dir():
-                        continue  # a host's own folder (claims, staging): it stays
-                    if len(within) == 2 and within[1] == "heartbeat":
-                        continue  # a host's heartbeat
-                    found.append(path)
+            for path, is_dir in _walk(base):
+                within = path.relative_to(base).parts
+                if len(within) == 1 and is_dir:
+                    continue  # a host's own folder (claims, staging): it stays
+                if len(within) == 2 and within[1] == "heartbeat":
+                    continue  # a host's heartbeat
+                found.append(path)
         for base in (self.outbox, self.archive, self.failed):
-            if base.exists():
-                found += list(base.rglob("*.tmp"))
+            found += [path for path, _ in _walk(base) if path.name.endswith(".tmp")]
         return found
 
 
