@@ -309,7 +309,7 @@ class Daemon:
     async def shutdown(self) -> None:
         self.metrics.ready.set(0)
         for watcher in self.watchers.values():
-            watcher.stop_observer()
+            watcher.stop()
         if self.engine is not None:
             await self.engine.aclose()
         if self.pipeline is not None:
@@ -355,7 +355,7 @@ class Daemon:
         for task in self._watch_tasks.values():
             task.cancel()
         for watcher in self.watchers.values():
-            watcher.stop_observer()
+            watcher.stop()
         self._start_watchers()
         self.notifier.ready(self.status_line())
         log.info("configuration reloaded", inboxes=[inbox.name for inbox in self.settings.inbox])

@@ -6,7 +6,10 @@ were lost. None of them is trusted to say a file is complete: a file is settled 
 mtime have stayed unchanged for ``settle_seconds``. The tracker resets on every change and never
 gives up, so a scanner that writes for ten minutes is simply waited for.
 
-This module never opens a document: it only ``lstat``s names.
+This module never opens a document: it only ``lstat``s names, and only in the watcher's own
+thread: never on the event loop (a stat on a share that stopped answering would hold it, and with
+it every inbox, the engine's feed and systemd's watchdog ping), never in a pool another inbox
+shares (a dead share would stall the healthy inboxes' watchers too).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import os
 import stat
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -28,7 +32,7 @@ from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
 from chandrad.config import InboxSettings
-from chandrad.folders import DAEMON_DIR
+from chandrad.folders import DAEMON_DIR, in_thread
 
 log = structlog.get_logger("chandrad.watch")
 
@@ -183,7 +187,8 @@ def wants_polling(inbox: InboxSettings) -> bool:
 
 
 class _DirtyPaths(FileSystemEventHandler):
-    """Watchdog handler: runs on the observer thread and only hands paths to the event loop."""
+    """Watchdog handler: runs on the observer thread and only hands paths to the event loop, which
+    looks at them at its next tick."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sink: Callable[[Path, bool], None]) -> None:
         self._loop = loop
@@ -215,6 +220,8 @@ class InboxWatcher:
         self._clock = clock
         self._observer: BaseObserver | None = None
         self._dirs_to_scan: set[Path] = set()
+        self._announced: set[Path] = set()  # files events named since the last tick, to be stat'ed by it
+        self._fs = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"watch-{inbox.name}")
         self.last_tick = clock()
         self.log = log.bind(inbox=inbox.name)
 
@@ -228,6 +235,7 @@ class InboxWatcher:
         return rel
 
     def _candidate(self, path: Path, is_directory: bool = False) -> None:
+        """An event named ``path`` (on the loop): noted, and looked at by the next tick."""
         rel = self._rel(path)
         if rel is None:
             return
@@ -237,15 +245,13 @@ class InboxWatcher:
             return
         if self.rules.ignored(rel):
             return
-        self._observe(path)
+        self._announced.add(path)
 
-    def _observe(self, path: Path, st: os.stat_result | None = None) -> None:
+    def _observe(self, path: Path, st: os.stat_result | None) -> None:
+        """What a look found at ``path`` (None: nothing) into the tracker."""
         if st is None:
-            try:
-                st = path.lstat()
-            except OSError:
-                self.tracker.forget(path)
-                return
+            self.tracker.forget(path)
+            return
         kind = classify(st)
         if kind is None:
             if self.inbox.recursive:
@@ -282,9 +288,16 @@ class InboxWatcher:
                 continue
         return found
 
-    def scan(self, top: Path | None = None) -> None:
-        for path, st in self.stat_tree(top):
-            self._observe(path, st)
+    def look(self, dirs: list[Path], paths: list[Path]) -> list[tuple[Path, os.stat_result | None]]:
+        """lstat every candidate under ``dirs``, and each of ``paths`` (None where nothing is there
+        now). Blocking, and touches no state: it runs in the watcher's thread."""
+        found: list[tuple[Path, os.stat_result | None]] = [(p, st) for top in dirs for p, st in self.stat_tree(top)]
+        for path in paths:
+            try:
+                found.append((path, path.lstat()))
+            except OSError:
+                found.append((path, None))
+        return found
 
     def start_observer(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.polling:
@@ -302,13 +315,29 @@ class InboxWatcher:
             self._observer.join(timeout=5)
             self._observer = None
 
-    async def tick(self) -> None:
-        """Re-stat what is being tracked and emit what has settled."""
+    def stop(self) -> None:
+        """No more events, and the watcher's thread ends once its look in progress returns."""
+        self._stop_observer_in_turn()
+        self._fs.shutdown(wait=False)
+
+    def _stop_observer_in_turn(self) -> None:
+        """Stop the observer in the watcher's thread, after what it is doing: stopped from the loop,
+        an observer that thread was still starting would be started after the stop, and left running."""
+        try:
+            self._fs.submit(self.stop_observer)
+        except RuntimeError:  # the thread was shut down: stop() queued this before
+            pass
+
+    async def tick(self, rescan: bool = False) -> None:
+        """Look (in one hop to the watcher's thread) at what events named, what is being tracked and
+        the folders to scan (the whole inbox if ``rescan``), then emit what has settled."""
         self.last_tick = self._clock()
-        while self._dirs_to_scan:
-            self.scan(self._dirs_to_scan.pop())
-        for path in self.tracker.paths():
-            self._observe(path)
+        dirs = [self.inbox.path] if rescan else list(self._dirs_to_scan)
+        paths = list(self._announced.union(self.tracker.paths()))
+        self._dirs_to_scan.clear()
+        self._announced.clear()
+        for path, st in await in_thread(self._fs, self.look, dirs, paths):
+            self._observe(path, st)
         for path, obs in self.tracker.pop_settled(self._clock()):
             rel = self._rel(path)
             if rel is not None:
@@ -324,8 +353,8 @@ class InboxWatcher:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        identity = self._identity()
-        self.start_observer(loop)
+        identity = await in_thread(self._fs, self._identity)
+        await in_thread(self._fs, self.start_observer, loop)
         self.log.info(
             "watching inbox",
             path=str(self.inbox.path),
@@ -339,9 +368,9 @@ class InboxWatcher:
                 # An inotify watch dies with its folder: after the inbox is removed and re-created,
                 # or a share is remounted over it, nothing was seen until the periodic rescan
                 # (5 minutes by default). Notice the new folder and watch it at once.
-                current = self._identity()
+                current = await in_thread(self._fs, self._identity)
                 if current != identity:
-                    self.stop_observer()
+                    await in_thread(self._fs, self.stop_observer)
                     if current is None:
                         self.log.warning(
                             "the inbox folder is gone (removed or unmounted); waiting for it", path=str(self.inbox.path)
@@ -351,14 +380,13 @@ class InboxWatcher:
                             "the inbox folder was replaced (re-created or remounted); watching it again",
                             path=str(self.inbox.path),
                         )
-                        self.start_observer(loop)
+                        await in_thread(self._fs, self.start_observer, loop)
                         next_rescan = self._clock()  # what is in it now was never announced
                     identity = current
-                if self._clock() >= next_rescan:
-                    for path, st in await asyncio.to_thread(self.stat_tree):
-                        self._observe(path, st)
+                rescan = self._clock() >= next_rescan
+                await self.tick(rescan)
+                if rescan:
                     next_rescan = self._clock() + self.inbox.rescan_seconds
-                await self.tick()
                 await asyncio.sleep(tick_every)
         finally:
-            self.stop_observer()
+            self._stop_observer_in_turn()

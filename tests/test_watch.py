@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -96,8 +98,7 @@ async def test_watcher_finds_existing_files_at_start_and_respects_recursive(tmp_
 
         inbox = InboxSettings(path=inbox_dir, settle_seconds=1, recursive=recursive)
         watcher = InboxWatcher(inbox, emit, clock=lambda: now[0])
-        watcher.scan()
-        await watcher.tick()
+        await watcher.tick(rescan=True)
         assert emitted == []
         now[0] += 1.5
         await watcher.tick()
@@ -124,3 +125,50 @@ async def test_inotify_events_feed_the_tracker(tmp_path):
     finally:
         watcher.stop_observer()
     assert emitted == ["new.pdf"]
+
+
+async def test_a_stat_hung_on_the_inbox_holds_its_watcher_but_not_the_event_loop(tmp_path, monkeypatch):
+    """A share that stops answering (a hard NFS mount, a dead SMB server) blocks every stat on it
+    for minutes. The watcher's stats run in its own thread: the loop, which feeds the engine and
+    every other inbox, runs on; the watcher picks up where it was once the share answers again."""
+    inbox_dir = tmp_path / "share"
+    inbox_dir.mkdir()
+    hung, answered, valve_opened = threading.Event(), threading.Event(), threading.Event()
+    real_stat = os.stat
+
+    def stat_on_a_hung_share(path, *args, **kwargs):  # test double for a dead server behind the mount
+        if str(path).startswith(str(inbox_dir)) and not answered.is_set():
+            hung.set()
+            if not answered.wait(timeout=5):  # a loop held by this call gets it back, and the test fails
+                valve_opened.set()
+                answered.set()
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat_on_a_hung_share)
+    emitted: list[str] = []
+
+    async def emit(settled):
+        emitted.append(settled.rel_path.name)
+
+    watcher = InboxWatcher(InboxSettings(path=inbox_dir, settle_seconds=0.2, polling=False), emit)
+    watching = asyncio.create_task(watcher.run())
+    try:
+        loop_turns_while_hung = 0
+        while not answered.is_set():
+            if hung.is_set():
+                loop_turns_while_hung += 1
+                if loop_turns_while_hung == 10:
+                    answered.set()  # the share answers again
+            await asyncio.sleep(0.01)
+        assert not valve_opened.is_set(), "the event loop was held by the watcher's stat on the hung share"
+        assert loop_turns_while_hung == 10
+        (inbox_dir / "after.pdf").write_bytes(b"%PDF-1.4 written once the share answered")
+        for _ in range(100):
+            if emitted:
+                break
+            await asyncio.sleep(0.05)
+        assert emitted == ["after.pdf"], "the watcher went on once the share answered"
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        watcher.stop()
