@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
@@ -126,18 +127,46 @@ async def in_thread(threads: Executor, fn: Callable[..., T], *args: Any) -> T:
 PROBE_TIMEOUT_SECONDS = 20.0
 
 
-async def probe(inbox_path: Path, check: Callable[[], T], threads: Executor) -> T:
-    """Run a filesystem check on a path that may be remote, in a thread of ``threads``, within a
-    deadline (callers use ``Runtime.probe``: the inbox threads, where no render queue eats it).
+class ShareProbes:
+    """Filesystem checks on inboxes that may be remote, each in a thread of ``threads`` and within a
+    deadline, with at most one left stuck per inbox.
 
     A check that does not answer in time raises ``InboxUnreachableError`` (the document waits); its
-    thread cannot be cancelled and finishes on its own, but the event loop goes on meanwhile.
+    thread cannot be cancelled and finishes on its own, but the event loop goes on meanwhile. Until it
+    has finished, further checks of that inbox fail at once: each would tie up one more thread until
+    the share answers (minutes, or never, on a hard NFS mount), and the heartbeats and document checks
+    of one dead share, a few a minute, emptied the pool every inbox shares.
     """
-    try:
-        return await asyncio.wait_for(in_thread(threads, check), PROBE_TIMEOUT_SECONDS)
-    except TimeoutError:
-        raise InboxUnreachableError(
-            f"the inbox {inbox_path} did not answer within {PROBE_TIMEOUT_SECONDS:.0f} s (a hung network share?); "
-            f"waiting for it",
-            stage="resume",
-        ) from None
+
+    def __init__(self, threads: Executor) -> None:
+        self._threads = threads
+        self._stuck: dict[Path, tuple[asyncio.Future[Any], float]] = {}
+
+    async def run(self, inbox_path: Path, check: Callable[[], T]) -> T:
+        stuck = self._stuck.get(inbox_path)
+        if stuck is not None:
+            call, since = stuck
+            if not call.done():
+                raise InboxUnreachableError(
+                    f"the inbox {inbox_path} has not answered a check for {time.monotonic() - since:.0f} s (a hung "
+                    f"network share?); waiting for it",
+                    stage="resume",
+                )
+            del self._stuck[inbox_path]
+        call = asyncio.ensure_future(in_thread(self._threads, check))
+        try:
+            # Shielded: the call stays pending while its thread is stuck, which is what says so.
+            return await asyncio.wait_for(asyncio.shield(call), PROBE_TIMEOUT_SECONDS)
+        except TimeoutError:
+            call.add_done_callback(_retrieve)  # its eventual error has nobody to go to
+            self._stuck[inbox_path] = (call, time.monotonic() - PROBE_TIMEOUT_SECONDS)
+            raise InboxUnreachableError(
+                f"the inbox {inbox_path} did not answer within {PROBE_TIMEOUT_SECONDS:.0f} s (a hung network "
+                f"share?); waiting for it",
+                stage="resume",
+            ) from None
+
+
+def _retrieve(call: asyncio.Future[Any]) -> None:
+    if not call.cancelled():
+        call.exception()

@@ -75,6 +75,7 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.inboxes = {**self.inboxes, **{inbox.name: inbox for inbox in self.settings.inbox}}
+        self._probes = folders.ShareProbes(self.inbox_threads)
 
     def close(self) -> None:
         """Let the inbox threads end once idle (one blocked on a dead share ends when it returns)."""
@@ -85,9 +86,10 @@ class Runtime:
         ``probe`` for a check on a share that may hang)."""
         return await folders.in_thread(self.inbox_threads, fn, *args)
 
-    async def probe(self, path: Path, check: Callable[[], T]) -> T:
-        """``folders.probe`` on the inbox threads: its deadline measures the share, not a queue."""
-        return await folders.probe(path, check, self.inbox_threads)
+    async def probe(self, inbox_path: Path, check: Callable[[], T]) -> T:
+        """``check()`` on the inbox threads within a deadline that measures the share, not a queue
+        (``folders.ShareProbes``: while one check of the inbox is stuck, the next fail at once)."""
+        return await self._probes.run(inbox_path, check)
 
     def update_settings(self, settings: Settings) -> None:
         """After a reload: documents of an inbox that vanished from the config keep its old settings."""

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -478,5 +479,42 @@ async def test_the_heartbeat_is_written_while_every_thread_of_the_default_execut
         beat = json.loads(folders.heartbeat_path(world.inbox.path, world.runtime.host_id).read_text())
         assert beat["seq"] == 1
     finally:
+        world.runtime.close()
+        world.journal.close()
+
+
+async def test_a_share_that_stopped_answering_ties_up_one_inbox_thread_not_all_of_them(tmp_path, monkeypatch):
+    """A check on a dead share (a hard NFS mount, a gone SMB server) holds its thread until the share
+    answers, maybe never. The heartbeats and document checks of that inbox come a few a minute; each
+    took one more inbox thread, and once all were taken, no inbox's intake or heartbeat ran."""
+    from chandrad.errors import InboxUnreachableError
+    from chandrad.runtime import INBOX_THREADS
+    from tests.test_intake import make_world
+
+    monkeypatch.setattr(folders, "PROBE_TIMEOUT_SECONDS", 0.2)
+    world = make_world(tmp_path)
+    dead_share = tmp_path / "dead-share"
+    share_answers = threading.Event()
+
+    def stat_on_the_dead_share() -> bool:  # test double for a server gone behind the mount
+        return share_answers.wait(timeout=60)
+
+    try:
+        for _ in range(3 * INBOX_THREADS):
+            with pytest.raises(InboxUnreachableError):
+                await world.runtime.probe(dead_share, stat_on_the_dead_share)
+        await Hosts(world.runtime, lambda doc_id: None).beat()
+        assert folders.heartbeat_path(world.inbox.path, world.runtime.host_id).exists(), "the healthy inbox's beat"
+        share_answers.set()
+        answered = None
+        for _ in range(100):  # the stuck check returns now; the next ones run again
+            try:
+                answered = await world.runtime.probe(dead_share, lambda: "answered")
+                break
+            except InboxUnreachableError:
+                await asyncio.sleep(0.05)
+        assert answered == "answered", "the share's checks run again once it answers"
+    finally:
+        share_answers.set()
         world.runtime.close()
         world.journal.close()
