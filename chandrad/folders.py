@@ -128,18 +128,18 @@ PROBE_TIMEOUT_SECONDS = 20.0
 
 
 class ShareProbes:
-    """Filesystem checks on inboxes that may be remote, each in a thread of ``threads`` and within a
-    deadline, with at most one left stuck per inbox.
+    """Filesystem checks on inboxes that may be remote, each in a thread of its inbox's (``threads_for``)
+    and within a deadline, with at most one left stuck per inbox.
 
     A check that does not answer in time raises ``InboxUnreachableError`` (the document waits); its
     thread cannot be cancelled and finishes on its own, but the event loop goes on meanwhile. Until it
     has finished, further checks of that inbox fail at once: each would tie up one more thread until
     the share answers (minutes, or never, on a hard NFS mount), and the heartbeats and document checks
-    of one dead share, a few a minute, emptied the pool every inbox shares.
+    of one dead share, a few a minute, emptied its pool.
     """
 
-    def __init__(self, threads: Executor) -> None:
-        self._threads = threads
+    def __init__(self, threads_for: Callable[[Path], Executor]) -> None:
+        self._threads_for = threads_for
         self._stuck: dict[Path, tuple[asyncio.Future[Any], float]] = {}
 
     async def run(self, inbox_path: Path, check: Callable[[], T]) -> T:
@@ -153,7 +153,7 @@ class ShareProbes:
                     stage="resume",
                 )
             del self._stuck[inbox_path]
-        call = asyncio.ensure_future(in_thread(self._threads, check))
+        call = asyncio.ensure_future(in_thread(self._threads_for(inbox_path), check))
         try:
             # Shielded: the call stays pending while its thread is stuck, which is what says so.
             return await asyncio.wait_for(asyncio.shield(call), PROBE_TIMEOUT_SECONDS)

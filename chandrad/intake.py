@@ -61,7 +61,7 @@ async def duplicate_of(runtime: Runtime, doc: Document, inbox: InboxSettings) ->
                 f"{marker.get('rel_path')} (taken in by host {marker.get('host_id')} at {marker.get('at')})"
             )
         # A marker our own failed document left (a crash before its removal): no twin.
-        await runtime.on_inbox(hosts.forget_seen, inbox.path, doc.sha256, known.id)
+        await runtime.on_inbox(inbox.path, hosts.forget_seen, inbox.path, doc.sha256, known.id)
     return None
 
 
@@ -140,7 +140,7 @@ class Intake:
             refusal = PermanentError("it is not a regular file (a pipe, socket or device)", stage="intake")
         else:
             try:
-                unchanged = await self.runtime.on_inbox(_hash_unchanged, settled)
+                unchanged = await self.runtime.on_inbox(inbox.path, _hash_unchanged, settled)
             except FileNotFoundError:
                 return None  # gone again before we got to it: nothing entered
             except DocumentError as error:
@@ -178,15 +178,15 @@ class Intake:
         try:
             # The record first: a claim folder holding a file always says what it is (a takeover
             # needs that), and a claim lost to another host leaves only the record, removed here.
-            await self.runtime.on_inbox(hosts.write_claim_record, claimed.parent, record)
-            await self.runtime.on_inbox(move_durably, settled.path, claimed)
+            await self.runtime.on_inbox(inbox.path, hosts.write_claim_record, claimed.parent, record)
+            await self.runtime.on_inbox(inbox.path, move_durably, settled.path, claimed)
         except FileNotFoundError:
             # Gone before it was taken in (another host's claim came first): no document.
-            await self.runtime.on_inbox(remove_claim_folder, claimed.parent)
+            await self.runtime.on_inbox(inbox.path, remove_claim_folder, claimed.parent)
             await journal.call(journal.forget, doc.id)
             return None
         except OSError as error:
-            await self.runtime.on_inbox(remove_claim_folder, claimed.parent)
+            await self.runtime.on_inbox(inbox.path, remove_claim_folder, claimed.parent)
             reason = (
                 f"chandrad cannot move the file out of the inbox: {error.strerror}; give its user "
                 f"write access to the folder and drop the file again (it was left where it is)"
@@ -207,7 +207,7 @@ class Intake:
         journaled: dict[str, Any] = {"claimed_path": str(claimed)}
         if doc.sha256 and settled.kind == "regular":
             try:
-                replaced = await self.runtime.on_inbox(_rehash_if_replaced, claimed, settled)
+                replaced = await self.runtime.on_inbox(inbox.path, _rehash_if_replaced, claimed, settled)
             except (DocumentError, OSError) as error:
                 refusal = (
                     error
@@ -226,6 +226,6 @@ class Intake:
                 record = hosts.claim_record_of(
                     replace(doc, sha256=sha256, size=size, mtime_ns=mtime_ns), self.runtime.host_id
                 )
-                await self.runtime.on_inbox(hosts.write_claim_record, claimed.parent, record)
+                await self.runtime.on_inbox(inbox.path, hosts.write_claim_record, claimed.parent, record)
                 journaled.update(sha256=sha256, size=size, mtime_ns=mtime_ns)
         return await journal.call(journal.set_state, doc.id, "settled", **journaled)

@@ -26,7 +26,9 @@ T = TypeVar("T")
 # progress hold its threads for each page render's whole child run, so a burst of drops was taken
 # in behind them (96 PDFs queued after 9.9 s instead of 2.3 on 2 cores, bench/NOTES-overhead.md), and a
 # probe's deadline, meant for a share that stopped answering, could run out in that queue. Enough
-# for intake's loops and the probes besides, and for a few probes stuck on a dead share.
+# for intake's loops and the probes besides, and for a few probes stuck on a dead share. A pool for
+# each inbox: the checks in flight when a share stops answering stay stuck (a busy daemon has more of
+# them than a pool has threads), and in one pool for all, no other inbox's intake or heartbeat ran.
 INBOX_THREADS = 16
 
 
@@ -67,27 +69,33 @@ class Runtime:
     move_originals: bool = True
     clock: Callable[[], float] = time.time
     inboxes: dict[str, InboxSettings] = field(default_factory=dict)
-    # Started lazily, a thread at a time: a runtime that never touches an inbox starts none.
-    inbox_threads: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(max_workers=INBOX_THREADS, thread_name_prefix="inbox"),
-        repr=False,
-    )
+    # By inbox path; each started lazily, a thread at a time: a runtime that never touches an inbox starts none.
+    _inbox_threads: dict[Path, ThreadPoolExecutor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.inboxes = {**self.inboxes, **{inbox.name: inbox for inbox in self.settings.inbox}}
         self._probes = folders.ShareProbes(self.inbox_threads)
 
+    def inbox_threads(self, inbox_path: Path) -> ThreadPoolExecutor:
+        """The threads for the file work on the inbox at ``inbox_path``."""
+        threads = self._inbox_threads.get(inbox_path)
+        if threads is None:
+            threads = ThreadPoolExecutor(max_workers=INBOX_THREADS, thread_name_prefix=f"inbox:{inbox_path.name}")
+            self._inbox_threads[inbox_path] = threads
+        return threads
+
     def close(self) -> None:
         """Let the inbox threads end once idle (one blocked on a dead share ends when it returns)."""
-        self.inbox_threads.shutdown(wait=False)
+        for threads in self._inbox_threads.values():
+            threads.shutdown(wait=False)
 
-    async def on_inbox(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the inbox threads, never queued behind page renders (no deadline: use
-        ``probe`` for a check on a share that may hang)."""
-        return await folders.in_thread(self.inbox_threads, fn, *args)
+    async def on_inbox(self, inbox_path: Path, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the threads of the inbox at ``inbox_path``, never queued behind page
+        renders (no deadline: use ``probe`` for a check on a share that may hang)."""
+        return await folders.in_thread(self.inbox_threads(inbox_path), fn, *args)
 
     async def probe(self, inbox_path: Path, check: Callable[[], T]) -> T:
-        """``check()`` on the inbox threads within a deadline that measures the share, not a queue
+        """``check()`` on the inbox's threads within a deadline that measures the share, not a queue
         (``folders.ShareProbes``: while one check of the inbox is stuck, the next fail at once)."""
         return await self._probes.run(inbox_path, check)
 
