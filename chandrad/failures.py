@@ -10,7 +10,6 @@ that commit when a crash came between the two.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -158,14 +157,14 @@ class Failures:
                 return Outcome(doc.id, "taken over")
             report = failure_report(doc, inbox, entry, [*doc.history, entry])
             try:
-                if await asyncio.to_thread(lambda: claimed.exists() or claimed.is_symlink()):
+                if await runtime.on_inbox(inbox.path, lambda: claimed.exists() or claimed.is_symlink()):
                     # Named and reserved before the move: a crash after it finds the original
                     # there (complete_after_crash); another host's file of that name stays.
                     target = await runtime.reserve_final_path(doc, inbox.failed, doc.state)
                 elif target is None:
                     rel = publish.safe_relative(Path(doc.rel_path))
-                    target = await asyncio.to_thread(publish.free_name, inbox.failed / rel.parent, rel.name)
-                await asyncio.to_thread(_write_report_and_move, report, claimed, target)
+                    target = await runtime.on_inbox(inbox.path, publish.free_name, inbox.failed / rel.parent, rel.name)
+                await runtime.on_inbox(inbox.path, _write_report_and_move, report, claimed, target)
             except OSError as move_error:
                 # Queue it again (failed/ full or unwritable): left in its old state, it would
                 # only have been picked up again at the next start.
@@ -205,7 +204,7 @@ class Failures:
             raise FileExistsError(f"no free name for {rel.name}{REPORT_SUFFIX} in {inbox.failed / rel.parent}")
 
         try:
-            await asyncio.to_thread(write)
+            await self.runtime.on_inbox(inbox.path, write)
         except OSError as error:
             log.error("cannot write the failure report", error=str(error), folder=str(inbox.failed / rel.parent))
 
@@ -215,7 +214,7 @@ class Failures:
         if not self.runtime.move_originals or not doc.sha256:
             return
         try:
-            await asyncio.to_thread(hosts.forget_seen, inbox.path, doc.sha256, doc.id)
+            await self.runtime.on_inbox(inbox.path, hosts.forget_seen, inbox.path, doc.sha256, doc.id)
         except OSError as error:
             log.warning("cannot remove the content's seen marker", error=str(error))
 
@@ -226,7 +225,7 @@ class Failures:
         if not doc.final_path or not self.runtime.move_originals:
             return None
         final = Path(doc.final_path)
-        entry = await asyncio.to_thread(self._written_entry, final, inbox, doc)
+        entry = await self.runtime.on_inbox(inbox.path, self._written_entry, final, inbox, doc)
         if entry is None:
             return None
         journal = self.runtime.journal

@@ -207,8 +207,8 @@ async def journal_claim(runtime: Runtime, inbox: InboxSettings, claim_folder: Pa
     processed from the start, or ``publishing`` if its record names an output folder (resume then
     finishes it if those outputs are its own). None: the folder holds no file or no record, or
     the journal has it as final."""
-    record = await asyncio.to_thread(read_claim_record, claim_folder)
-    original = await asyncio.to_thread(claimed_file, claim_folder)
+    record = await runtime.on_inbox(inbox.path, read_claim_record, claim_folder)
+    original = await runtime.on_inbox(inbox.path, claimed_file, claim_folder)
     if record is None or original is None:
         return None
     journal, doc_id = runtime.journal, claim_folder.name
@@ -541,7 +541,7 @@ class Hosts:
                 return
             # No deadline here: a rename given up on while its thread goes on would leave a folder of
             # ours that is journaled only at the next start.
-            folder = await asyncio.to_thread(_take_folder, inbox.path, dead, me, doc_id)
+            folder = await self.runtime.on_inbox(inbox.path, _take_folder, inbox.path, dead, me, doc_id)
             if folder is None:
                 continue
             doc = await journal_claim(self.runtime, inbox, folder)

@@ -37,7 +37,7 @@ async def recover(runtime: Runtime) -> list[str]:
             log.warning("document belongs to an inbox no longer configured; leaving it", doc=doc.id)
             continue
         claimed = folders.claimed_path(inbox.path, runtime.host_id, doc.id, Path(doc.rel_path))
-        taker = await asyncio.to_thread(_taken_over, inbox.path, doc, claimed)
+        taker = await runtime.on_inbox(inbox.path, _taken_over, inbox.path, doc, claimed)
         if taker is not None:
             await hosts.forget_taken_over(runtime, doc, inbox, taker)
             continue
@@ -46,7 +46,7 @@ async def recover(runtime: Runtime) -> list[str]:
             # stages' resume checks it again, or completes the failure already on disk.
             await journal.call(journal.set_state, doc.id, "queued")
         elif doc.state == "settled":
-            if not await asyncio.to_thread(_finish_claim, inbox.path, doc, claimed, runtime.host_id):
+            if not await runtime.on_inbox(inbox.path, _finish_claim, inbox.path, doc, claimed, runtime.host_id):
                 await journal.call(journal.forget, doc.id)  # never taken in (or another host took it in)
                 continue
             await journal.call(journal.set_state, doc.id, "queued", claimed_path=str(claimed))
@@ -115,7 +115,7 @@ async def _adopt_unrecorded_claims(runtime: Runtime) -> list[str]:
     and its journal commit) become documents again."""
     adopted = []
     for inbox in {inbox.path: inbox for inbox in runtime.inboxes.values()}.values():
-        for entry in await asyncio.to_thread(_subfolders, folders.host_claims(inbox.path, runtime.host_id)):
+        for entry in await runtime.on_inbox(inbox.path, _subfolders, folders.host_claims(inbox.path, runtime.host_id)):
             if await runtime.journal.call(runtime.journal.find, entry.name) is not None:
                 continue
             doc = await hosts.journal_claim(runtime, inbox, entry)
@@ -152,7 +152,7 @@ async def sweep_leftovers(runtime: Runtime) -> None:
     for doc in await journal.call(journal.recent, FAILED_MARKERS_CHECKED, "failed"):
         failed_in = runtime.inboxes.get(doc.inbox)
         if failed_in is not None and doc.sha256 and runtime.move_originals:
-            await asyncio.to_thread(hosts.forget_seen, failed_in.path, doc.sha256, doc.id)
+            await runtime.on_inbox(failed_in.path, hosts.forget_seen, failed_in.path, doc.sha256, doc.id)
 
 
 async def _sweep(runtime: Runtime, kind: str, base: Path, only_known: bool) -> None:

@@ -21,8 +21,9 @@ from chandrad.journal import Document, Journal, NewDelivery
 
 T = TypeVar("T")
 
-# Threads for the short file work on the inboxes: intake's hash, claim record and rename, and every
-# share probe (heartbeats, claims, outputs). Not the loop's default executor: the documents in
+# Threads for the file work on the inboxes: intake's hash, claim record and rename, every share
+# probe (heartbeats, claims, outputs), and the moves of originals out of their claims (to archive/
+# or failed/, a takeover's, recovery's claim checks). Not the loop's default executor: the documents in
 # progress hold its threads for each page render's whole child run, so a burst of drops was taken
 # in behind them (96 PDFs queued after 9.9 s instead of 2.3 on 2 cores, bench/NOTES-overhead.md), and a
 # probe's deadline, meant for a share that stopped answering, could run out in that queue. Enough

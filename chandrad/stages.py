@@ -262,15 +262,15 @@ class DocumentStages:
         if runtime.move_originals and doc.claimed_path is not None:
             claimed = Path(doc.claimed_path)
             if inbox.on_success == "delete":
-                await asyncio.to_thread(claimed.unlink, missing_ok=True)
+                await runtime.on_inbox(inbox.path, lambda: claimed.unlink(missing_ok=True))
             else:
                 folder = inbox.archive if inbox.on_success == "archive" else inbox.path
                 assert folder is not None
-                if await asyncio.to_thread(claimed.exists):  # else moved before a crash: nothing left to do
+                if await runtime.on_inbox(inbox.path, claimed.exists):  # else moved before a crash: nothing left to do
                     # A final_path in failed/ (named by a failure whose move never happened, failed/
                     # unwritable, before this retry published the document) gives way to one here.
                     target = await runtime.reserve_final_path(doc, folder, "publishing")
-                    await asyncio.to_thread(move_durably, claimed, target)
+                    await runtime.on_inbox(inbox.path, move_durably, claimed, target)
         # The deliveries (webhooks, hooks) are committed with the state, in one transaction.
         deliveries = await runtime.deliveries(doc, inbox, "published")
         await journal.call(journal.publish, doc.id, deliveries)
