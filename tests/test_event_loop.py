@@ -71,9 +71,10 @@ class SlowCallbacks:
     """Times every callback the loop runs (``Handle._run``, where asyncio's debug mode times them) and
     keeps those over ``SLOW_CALLBACK_SECONDS``, worded as debug mode words them.
 
-    Not debug mode itself: it records a stack for every callback and future it creates, and with a
-    thread parsing pages beside the loop, that made a step that does nothing (a sleep ending) take
-    20-90 ms waiting for the GIL, against under 1 ms without it (the same step, timed as here).
+    Not debug mode itself: its own work in every step (stacks recorded for callbacks and futures,
+    checks) waits for the GIL again and again beside a thread parsing pages, and made a step that
+    does nothing (a sleep ending) take 20-90 ms, against under 1 ms without it (the same step, timed
+    as here; with a 1 ms switch interval debug mode's slow steps went too: GIL hand-offs, not work).
     """
 
     def __init__(self) -> None:
