@@ -278,10 +278,10 @@ class InboxWatcher:
             elif not self.rules.file_ignored(entry.name):
                 yield path
 
-    def stat_tree(self, top: Path | None = None) -> list[tuple[Path, os.stat_result]]:
+    def stat_tree(self, top: Path) -> list[tuple[Path, os.stat_result]]:
         """lstat every candidate under ``top``; safe to run in a worker thread (touches no state)."""
         found = []
-        for path in self.walk(top or self.inbox.path):
+        for path in self.walk(top):
             try:
                 found.append((path, path.lstat()))
             except OSError:

@@ -25,10 +25,10 @@ from PIL import Image, ImageDraw
 from chandrad import folders
 from chandrad import hosts as hostsmod
 from chandrad.config import EngineSettings, InboxSettings, Settings
-from chandrad.errors import ConfigError
+from chandrad.errors import ConfigError, InboxUnreachableError
 from chandrad.hosts import Hosts, HostWatch, check_host_id_free, mark_seen
 from chandrad.journal import Journal
-from chandrad.runtime import now_iso
+from chandrad.runtime import INBOX_THREADS, now_iso
 from tests.conftest import DaemonProcess, wait_for
 
 
@@ -490,8 +490,6 @@ async def test_a_share_that_stopped_answering_ties_up_its_own_inbox_threads_neve
     answers, maybe never. The checks in flight when it stopped stay stuck (a busy daemon has more than
     a pool has threads), and its heartbeats and document checks come a few a minute after: in one pool
     for all inboxes, each took one more thread, and then no inbox's intake or heartbeat ran."""
-    from chandrad.errors import InboxUnreachableError
-    from chandrad.runtime import INBOX_THREADS
     from tests.test_intake import make_world
 
     monkeypatch.setattr(folders, "PROBE_TIMEOUT_SECONDS", 0.2)
