@@ -458,6 +458,19 @@ class DeliverySettings(_Strict):
     backoff_max_seconds: float = Field(default=900.0, gt=0)
 
 
+class RetentionSettings(_Strict):
+    """How long chandrad remembers final documents (docs/architecture.md, "Retention")."""
+
+    # Final journal rows (published, failed), their delivery rows, seen and taken markers, and
+    # the heartbeats of hosts dead for longer than this are pruned; a copy of a pruned document is
+    # processed again (duplicates are recognised within this window). 0 keeps everything forever.
+    days: float = Field(default=365.0, ge=0)
+    # How often the background prune looks, and how many rows or markers it removes per step
+    # (each step is one short transaction or a few unlinks, off the event loop).
+    interval_seconds: float = Field(default=3600.0, gt=0)
+    batch_size: int = Field(default=500, ge=1, le=100_000)
+
+
 class Settings(BaseSettings):
     """Everything chandrad can be told. ``config.example.toml`` documents each key."""
 
@@ -489,6 +502,10 @@ class Settings(BaseSettings):
     retry_backoff_seconds: float = Field(default=30.0, ge=0)
     # On SIGTERM in-flight documents get this long to finish before they are requeued.
     drain_seconds: float = Field(default=20.0, ge=0)
+    # The whole stop, from SIGTERM to exit, whatever a share or the engine does: the drain, the
+    # engine's close and the threads' join share it, and what is left resumes from the journal at the
+    # next start. Keep it below the unit's TimeoutStopSec (3 min), or systemd SIGKILLs first.
+    stop_timeout_seconds: float = Field(default=30.0, gt=0)
     # Share of a document's pages that may fail (e.g. a page the model cannot take) while the rest
     # is still published, with the gaps marked. 0: any failed page fails the document.
     max_page_error_rate: float = Field(default=0.0, ge=0, le=1)
@@ -503,6 +520,7 @@ class Settings(BaseSettings):
     webhook: tuple[WebhookSettings, ...] = ()
     hook: tuple[HookSettings, ...] = ()
     delivery: DeliverySettings = DeliverySettings()
+    retention: RetentionSettings = RetentionSettings()
 
     @classmethod
     def settings_customise_sources(
@@ -528,6 +546,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_inboxes(self) -> Settings:
+        if self.drain_seconds >= self.stop_timeout_seconds:
+            raise ValueError(
+                f"drain_seconds ({self.drain_seconds:g}) must be below stop_timeout_seconds "
+                f"({self.stop_timeout_seconds:g}): the drain is part of the stop"
+            )
         _check_folder_layout(self.inbox)
         _check_targets(self)
         return self
@@ -664,6 +687,7 @@ __all__ = [
     "InboxRule",
     "InboxSettings",
     "PrepareSettings",
+    "RetentionSettings",
     "Settings",
     "WebhookSettings",
     "glob_matches",

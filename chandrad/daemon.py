@@ -462,7 +462,8 @@ class Daemon:
                 return False, f"watcher {name} has not ticked for {now - watcher.last_tick:.0f} s"
         assert self.journal is not None
         try:
-            await asyncio.wait_for(self.journal.call(self.journal.counts), 10)
+            async with asyncio.timeout(10):
+                await self.journal.call(self.journal.counts)
         except TimeoutError:
             return False, "the journal does not answer"
         observed = self.observed

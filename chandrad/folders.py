@@ -156,7 +156,8 @@ class ShareProbes:
         call = asyncio.ensure_future(in_thread(self._threads_for(inbox_path), check))
         try:
             # Shielded: the call stays pending while its thread is stuck, which is what says so.
-            return await asyncio.wait_for(asyncio.shield(call), PROBE_TIMEOUT_SECONDS)
+            async with asyncio.timeout(PROBE_TIMEOUT_SECONDS):
+                return await asyncio.shield(call)
         except TimeoutError:
             call.add_done_callback(_retrieve)  # its eventual error has nobody to go to
             self._stuck[inbox_path] = (call, time.monotonic() - PROBE_TIMEOUT_SECONDS)

@@ -125,7 +125,8 @@ class PageReader:
         with bound_contextvars(page=page.page_no):
             request = PageRequest(doc.id, page.page_no, page.image, inbox.prompt_type)
             try:
-                result = await asyncio.wait_for(engine.ocr(request), timeout)
+                async with asyncio.timeout(timeout):
+                    result = await engine.ocr(request)
             except PermanentError as page_error:  # this page can never be read; the others may
                 await self.record_failed(doc.id, page.page_no, page_error, page.image.size)
                 return

@@ -291,7 +291,8 @@ class Fleet:
             if endpoint.up:
                 attempt, period, went_down = 0, endpoint.period, endpoint.went_down
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(went_down.wait(), settings.health_check_seconds)
+                    async with asyncio.timeout(settings.health_check_seconds):
+                        await went_down.wait()
                 if endpoint.up and endpoint.period == period:
                     problem = await self._check(endpoint)
                     if problem is not None:
@@ -342,7 +343,8 @@ class Fleet:
                     stage="engine",
                 )
             try:
-                await asyncio.wait_for(changed.wait(), left if not up else None)
+                async with asyncio.timeout(left if not up else None):
+                    await changed.wait()
             except TimeoutError:
                 continue
 

@@ -143,7 +143,8 @@ class SupervisedEngine:
     async def _start_engine(self) -> None:
         engine = self._factory()
         started = time.monotonic()
-        await asyncio.wait_for(engine.start(), self.settings.start_timeout_seconds)
+        async with asyncio.timeout(self.settings.start_timeout_seconds):
+            await engine.start()
         self.engine = engine
         self.model = engine.model
         self._generation += 1
@@ -282,7 +283,8 @@ class SupervisedEngine:
                         raise ReplicaDown()
                     try:
                         # Re-checked every second: another replica may come up meanwhile.
-                        await asyncio.wait_for(self._ready.wait(), 1.0)
+                        async with asyncio.timeout(1.0):
+                            await self._ready.wait()
                     except TimeoutError:
                         continue
                     await gate.wait()

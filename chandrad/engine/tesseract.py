@@ -140,7 +140,8 @@ class TesseractEngine:
             env=env,
         )
         try:
-            out, err = await asyncio.wait_for(proc.communicate(stdin), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                out, err = await proc.communicate(stdin)
         except TimeoutError:
             proc.kill()
             await proc.wait()
