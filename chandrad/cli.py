@@ -72,11 +72,14 @@ def version() -> None:
 def run(config_path: Path | None) -> None:
     """Run the daemon: watch the inboxes until SIGTERM (drains, exits 0); SIGHUP reloads the config."""
     from chandrad.daemon import Daemon
+    from chandrad.stopping import run_to_exit
 
     settings = _load(config_path)
     configure_logging(settings.log_format, settings.log_level, settings.journal_socket)
     try:
-        code = asyncio.run(Daemon(settings, config_path, notifier=Notifier.from_environment()).serve())
+        # Not asyncio.run: its clean-up waits without end for tasks and threads that a share which
+        # stopped answering holds; run_to_exit bounds that and ends the process regardless.
+        code = run_to_exit(Daemon(settings, config_path, notifier=Notifier.from_environment()))
     except ConfigError as error:
         click.echo(f"chandrad: {error}", err=True)
         sys.exit(EXIT_CONFIG)

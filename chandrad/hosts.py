@@ -194,10 +194,11 @@ async def forget_taken_over(runtime: Runtime, doc: Document, inbox: InboxSetting
     def clean() -> None:
         shutil.rmtree(runtime.staging_dir(inbox, doc.id).parent, ignore_errors=True)
         shutil.rmtree(runtime.work_dir(doc.id), ignore_errors=True)
-        owner = claim_owner(inbox.path, Path(doc.claimed_path)) if doc.claimed_path else None
-        folders.taken_marker(inbox.path, owner or runtime.host_id, doc.id).unlink(missing_ok=True)
 
+    owner = claim_owner(inbox.path, Path(doc.claimed_path)) if doc.claimed_path else None
     await asyncio.to_thread(clean)
+    # The marker is on the share: its inbox's threads, never the default executor behind page renders.
+    await runtime.on_inbox(inbox.path, folders.taken_marker(inbox.path, owner or runtime.host_id, doc.id).unlink, True)
     log.info("document taken over by another host", doc=doc.id, inbox=inbox.name, file=doc.rel_path, host=taker)
 
 

@@ -110,10 +110,11 @@ class PageReader:
         page_no: int,
         error: PermanentError,
     ) -> None:
-        if not await asyncio.to_thread(prepared.source.exists):
+        # On the inbox's threads within a deadline: the original is on the share, which may be what broke.
+        if not await self.runtime.probe(inbox.path, prepared.source.exists):
             # The file went away under the renderer (inbox unmounted mid-document): not this
             # page's fault; recording it failed would fail the document.
-            await asyncio.to_thread(check_inbox_reachable, inbox)
+            await self.runtime.probe(inbox.path, lambda: check_inbox_reachable(inbox))
             raise PermanentError("the claimed original disappeared while it was being read", stage="render") from None
         await self.record_failed(doc.id, page_no, error, (0, 0))
 

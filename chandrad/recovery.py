@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import structlog
 
@@ -23,6 +25,8 @@ from chandrad import folders, hosts
 from chandrad.durable import move_durably
 from chandrad.journal import FINAL_STATES, Document, storable
 from chandrad.runtime import Runtime, remove_claim_folder
+
+T = TypeVar("T")
 
 log = structlog.get_logger("chandrad.recovery")
 
@@ -138,6 +142,7 @@ async def sweep_leftovers(runtime: Runtime) -> None:
     folder), only those of documents this journal knows are touched."""
     me = runtime.host_id
     bases: list[tuple[str, Path, bool]] = []
+    share_of: dict[Path, Path] = {}  # a claims folder: its inbox, whose threads look at it
     for inbox in runtime.inboxes.values():
         bases += [
             ("staging", folders.host_staging(inbox.outbox, me), False),
@@ -145,9 +150,11 @@ async def sweep_leftovers(runtime: Runtime) -> None:
             ("claimed", folders.host_claims(inbox.path, me), False),
             ("claimed", folders.claimed_root(inbox.path), True),
         ]
+        share_of[folders.claimed_root(inbox.path)] = inbox.path
     bases.append(("work", folders.work_root(runtime.settings.state_dir), False))
     for kind, base, only_known in bases:
-        await _sweep(runtime, kind, base, only_known)
+        inbox_path = next((share_of[root] for root in share_of if base.is_relative_to(root)), None)
+        await _sweep(runtime, kind, base, only_known, inbox_path)
     journal = runtime.journal
     for doc in await journal.call(journal.recent, FAILED_MARKERS_CHECKED, "failed"):
         failed_in = runtime.inboxes.get(doc.inbox)
@@ -155,19 +162,27 @@ async def sweep_leftovers(runtime: Runtime) -> None:
             await runtime.on_inbox(failed_in.path, hosts.forget_seen, failed_in.path, doc.sha256, doc.id)
 
 
-async def _sweep(runtime: Runtime, kind: str, base: Path, only_known: bool) -> None:
+async def _sweep(runtime: Runtime, kind: str, base: Path, only_known: bool, inbox_path: Path | None) -> None:
     journal = runtime.journal
-    for entry in await asyncio.to_thread(_subfolders, base):
+
+    async def on_its_share(fn: Callable[..., T], *args: Any) -> T:
+        # Claims live on the inbox (maybe a share that stops answering): its own threads, never the
+        # default executor behind page renders. Staging and work folders are ours, local.
+        if inbox_path is not None:
+            return await runtime.on_inbox(inbox_path, fn, *args)
+        return await asyncio.to_thread(fn, *args)
+
+    for entry in await on_its_share(_subfolders, base):
         doc = await journal.call(journal.find, entry.name)
         if doc is None and only_known:
             continue  # another host's folder, or not ours to judge
         if doc is not None and doc.state not in FINAL_STATES:
             continue
         if kind == "claimed":
-            if not await asyncio.to_thread(remove_claim_folder, entry):
+            if not await on_its_share(remove_claim_folder, entry):
                 log.warning("a claimed file has no unfinished document; leaving it", path=str(entry))
             continue
-        await asyncio.to_thread(shutil.rmtree, entry, True)
+        await on_its_share(shutil.rmtree, entry, True)
 
 
 def _subfolders(base: Path) -> list[Path]:

@@ -149,14 +149,17 @@ class Runtime:
         same moment makes the move replace a file. Call it only while the original is still
         claimed (after the move, ``final_path`` is where it went)."""
         rel = publish.safe_relative(Path(doc.rel_path))
+        # archive/ and failed/ sit beside the inbox, often on its share: its threads, not the
+        # default executor behind page renders.
+        share = self.inboxes[doc.inbox].path
         named = Path(doc.final_path) if doc.final_path and Path(doc.final_path).is_relative_to(folder) else None
         for _ in range(1000):
             if named is not None:
                 target = named
             else:
-                target = await asyncio.to_thread(publish.free_name, folder / rel.parent, rel.name)
+                target = await self.on_inbox(share, publish.free_name, folder / rel.parent, rel.name)
                 await self.journal.call(self.journal.set_state, doc.id, state, final_path=str(target))
-            if await asyncio.to_thread(reserve_name, target, named is not None):
+            if await self.on_inbox(share, reserve_name, target, named is not None):
                 return target
             named = None  # taken by another host between our look and our reservation: the next name
         raise FileExistsError(f"no free name for {rel.name} in {folder / rel.parent}")
@@ -165,14 +168,14 @@ class Runtime:
         """A document is final: its page rows, staging and work folders and empty claim folder go."""
         await self.journal.call(self.journal.drop_pages, doc.id)
         await asyncio.to_thread(self._remove_folders, doc, inbox)
+        if doc.claimed_path and self.move_originals:  # on the share: its threads
+            await self.on_inbox(inbox.path, remove_claim_folder, Path(doc.claimed_path).parent)
 
     def _remove_folders(self, doc: Document, inbox: InboxSettings) -> None:
         shutil.rmtree(self.staging_dir(inbox, doc.id).parent, ignore_errors=True)
         # A document begun by an older chandrad staged without the host level.
         shutil.rmtree(folders.staging_root(inbox.outbox) / doc.id, ignore_errors=True)
         prepare.cleanup(self.work_dir(doc.id))
-        if doc.claimed_path and self.move_originals:
-            remove_claim_folder(Path(doc.claimed_path).parent)
 
 
 def remove_claim_folder(folder: Path) -> bool:

@@ -242,7 +242,7 @@ class DocumentStages:
             if self.runtime.move_originals:
                 # And beside the claimed original: a host taking this document over after a crash
                 # right after the rename finishes it instead of publishing it a second time.
-                await asyncio.to_thread(hosts.note_output_dir, work.claimed, target)
+                await self.runtime.on_inbox(inbox.path, hosts.note_output_dir, work.claimed, target)
             try:
                 await asyncio.to_thread(rename_dir_durably, work.staging, target)
                 return
