@@ -15,8 +15,9 @@ import gc
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -33,8 +34,11 @@ from chandrad.metrics import Metrics, ObservedEngine
 from chandrad.modelfiles import FetchProgress, fetch_model_async, is_hub_id, process_hub_cache
 from chandrad.notify import Notifier
 from chandrad.pipeline import Pipeline
+from chandrad.stopping import EXIT_RESERVE_SECONDS, Backstop, LoopTasks, where_it_waits
 from chandrad.watch import InboxWatcher, SettledFile
 from chandrad.workqueue import WorkQueue
+
+T = TypeVar("T")
 
 log = structlog.get_logger("chandrad.daemon")
 
@@ -48,6 +52,12 @@ WATCHER_STALL_SECONDS = 120.0
 # While a large model loads, systemd's start timeout is pushed out by this much at a time.
 EXTEND_START_SECONDS = 90.0
 MEMORY_SAMPLE_SECONDS = 10.0  # NVML takes a few ms: not every tick
+# The config file read and each inbox's folders checked at start and at SIGHUP, in threads of the
+# service's own (never on the loop, never behind page renders): a share that does not answer within
+# this long is left to its watcher (which waits for it) instead of holding the start or the reload.
+FOLDER_CHECK_SECONDS = 20.0
+# Of the stop's time, what the engine's close and the journal's are given after the loops have ended.
+SHUTDOWN_RESERVE_SECONDS = 4.0
 
 
 async def run_unless_stopped(work: Coroutine[Any, Any, None], should_exit: asyncio.Event) -> bool:
@@ -85,26 +95,8 @@ async def supervised(name: str, loop_fn: Callable[[], Awaitable[None]]) -> None:
 
 
 def task_stacks() -> dict[str, str]:
-    """Each live task of the running loop by name, with the chain of awaits it is suspended in.
-
-    ``Task.get_stack`` gives a suspended task's outermost frame only; the await it is stuck in is
-    at the end of the ``cr_await`` chain, which is walked here.
-    """
-    stacks = {}
-    for task in asyncio.all_tasks():
-        chain: list[str] = []
-        awaited: Any = task.get_coro()
-        while awaited is not None and len(chain) < 40:
-            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
-            if frame is None:  # a future's iterator (a task's, an event's, a sleep's): the end of the chain
-                kind = type(awaited).__name__
-                chain.append("awaiting a future" if kind in ("FutureIter", "Future") else f"awaiting a {kind}")
-                break
-            where = "/".join(Path(frame.f_code.co_filename).parts[-2:])
-            chain.append(f"{where}:{frame.f_lineno} in {frame.f_code.co_name}")
-            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
-        stacks[task.get_name()] = "\n".join(chain)
-    return dict(sorted(stacks.items()))
+    """Each live task of the running loop by name, with the chain of awaits it is suspended in."""
+    return dict(sorted((task.get_name(), where_it_waits(task)) for task in asyncio.all_tasks()))
 
 
 async def extend_start_timeout(notifier: Notifier, downloading: Callable[[], bool] = lambda: False) -> None:
@@ -160,6 +152,7 @@ class Daemon:
         config_path: Path | None = None,
         engine: Engine | None = None,
         notifier: Notifier | None = None,
+        backstop: bool = False,
     ) -> None:
         self.settings = settings
         self.notifier = notifier or Notifier(None)
@@ -179,6 +172,14 @@ class Daemon:
         self.hosts: Hosts | None = None
         self._rate_window: list[tuple[float, int]] = []
         self.started = False
+        # Every long-running task (loops, watchers, workers): a stop ends each within its deadline.
+        self.loops = LoopTasks(on_error=self.should_exit.set)
+        self._stop_began: float | None = None
+        # `chandrad run` only: ends the process at the stop's deadline if nothing else could
+        # (never inside a test's own process).
+        self._backstop = Backstop() if backstop else None
+        # The config file and the inboxes' folders are checked here (FOLDER_CHECK_SECONDS).
+        self._service_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="service")
 
     # -- phases --------------------------------------------------------------------------------
 
@@ -197,18 +198,78 @@ class Daemon:
                 await self.main_loop()
         finally:
             await self.shutdown()
-            # SIGUSR1 stays until the loop closes: asyncio.run's own clean-up (the default executor's
-            # threads joined) is one more place where a stop can hang, and the task dump shows it.
+            # SIGUSR1 stays until the loop closes: the loop's own clean-up is one more place where a
+            # stop could wait, and the task dump shows it.
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
+        if self.loops.error is not None:
+            raise self.loops.error
         return 0
 
+    def exit_deadline(self) -> float | None:
+        """When (``time.monotonic``) the process must have ended: ``stop_timeout_seconds`` after
+        the stop began; None while no stop has begun."""
+        if self._stop_began is None:
+            return None
+        return self._stop_began + self.settings.stop_timeout_seconds
+
+    def _begin_stop(self) -> float:
+        if self._stop_began is None:
+            self._stop_began = time.monotonic()
+            if self._backstop is not None:
+                # A hair early, so that "within stop_timeout_seconds" holds with the exit itself.
+                self._backstop.arm(self.settings.stop_timeout_seconds - 0.25)
+        deadline = self.exit_deadline()
+        assert deadline is not None
+        return deadline
+
+    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the service's threads within FOLDER_CHECK_SECONDS (TimeoutError after it;
+        the thread finishes on its own)."""
+        call = asyncio.get_running_loop().run_in_executor(self._service_threads, fn, *args)
+        async with asyncio.timeout(FOLDER_CHECK_SECONDS):
+            return await asyncio.shield(call)
+
+    async def _check_host_id_free(self) -> None:
+        """``check_host_id_free`` an inbox at a time, each within FOLDER_CHECK_SECONDS: a share that
+        does not answer is not checked (nothing is claimed there until it does)."""
+        for inbox in self.settings.inbox:
+            try:
+                await self._blocking(check_host_id_free, self.settings.model_copy(update={"inbox": (inbox,)}))
+            except TimeoutError:
+                log.warning(
+                    "an inbox did not answer the host_id check in time (a hung network share?)",
+                    inbox=inbox.name,
+                    path=str(inbox.path),
+                )
+
+    async def _prepare_folders(self, settings: Settings) -> None:
+        """``prepare_folders`` off the loop, an inbox at a time: a ConfigError refuses; an inbox
+        whose share does not answer in time is left to its watcher, which waits for it."""
+        await self._blocking(prepare_folders, settings.model_copy(update={"inbox": ()}))
+        for inbox in settings.inbox:
+            try:
+                await self._blocking(prepare_folders, settings.model_copy(update={"inbox": (inbox,)}))
+            except TimeoutError:
+                log.warning(
+                    "an inbox's folders did not answer in time (a hung network share?); its watcher waits for it",
+                    inbox=inbox.name,
+                    path=str(inbox.path),
+                    seconds=FOLDER_CHECK_SECONDS,
+                )
+
     async def startup(self) -> None:
-        prepare_folders(self.settings)
+        try:
+            await self._prepare_folders(self.settings)
+        except TimeoutError:  # the state directory itself: nothing can start without it
+            raise ConfigError(
+                f"state_dir {self.settings.state_dir} did not answer within {FOLDER_CHECK_SECONDS:.0f} s; "
+                "check the disk it is on"
+            ) from None
         self.journal = Journal(self.settings.state_dir / "journal.sqlite3")
         # Before the engine's minutes of loading, so that a clash is told at once; again below,
         # just before our first heartbeat.
-        await asyncio.to_thread(check_host_id_free, self.settings)
+        await self._check_host_id_free()
         serve_metrics(self.metrics, self.settings.metrics_address)
         await end_engines_of_a_killed_chandrad(self.settings.state_dir)
         # The model's files first, when this engine loads them itself from the hub cache (not a
@@ -243,7 +304,7 @@ class Daemon:
         self.pipeline = Pipeline(self.settings, self.journal, self.observed)
         # Our heartbeat is on every inbox before anything is claimed or resumed, and no other
         # machine's with our host_id is (it would take our claims for its own).
-        await asyncio.to_thread(check_host_id_free, self.settings)
+        await self._check_host_id_free()
         self.hosts = Hosts(self.pipeline.runtime, self.work.put)
         await self.hosts.beat()
         for doc_id in await self.pipeline.recover():
@@ -265,53 +326,63 @@ class Daemon:
         await self.engine.start()
 
     async def main_loop(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            self._group = group
-            self._start_watchers()
-            loops = [
-                # Several intakes at once: hashing and claiming one file at a time admitted only ~3
-                # files/s on a busy loop and starved a GPU at the start of a burst (bench/NOTES-overhead.md).
-                *(self._loop(f"intake-{n}", self._intake_loop) for n in range(CONCURRENT_INTAKES)),
-                self._loop("retry", self._retry_loop),
-                # Our heartbeat, the other hosts' watched, the documents of dead ones taken over.
-                self._loop("hosts", self._hosts().run),
-                # Webhooks and hooks of final documents, from the journal (never in a document's way).
-                self._loop("delivery", self._deliverer().run),
-            ]
-            workers = [group.create_task(self._worker(), name=f"worker-{n}") for n in range(self.documents_in_flight)]
-            loops.append(self._loop("tick", self._tick_loop))
-            while not self.should_exit.is_set():
-                reload_wait = asyncio.ensure_future(self.reload_requested.wait())
-                exit_wait = asyncio.ensure_future(self.should_exit.wait())
-                await asyncio.wait({reload_wait, exit_wait}, return_when=asyncio.FIRST_COMPLETED)
-                reload_wait.cancel()
-                exit_wait.cancel()
-                if self.reload_requested.is_set() and not self.should_exit.is_set():
-                    self.reload_requested.clear()
-                    self.reload()
+        self._start_watchers()
+        loops = [
+            # Several intakes at once: hashing and claiming one file at a time admitted only ~3
+            # files/s on a busy loop and starved a GPU at the start of a burst (bench/NOTES-overhead.md).
+            *(self._loop(f"intake-{n}", self._intake_loop) for n in range(CONCURRENT_INTAKES)),
+            self._loop("retry", self._retry_loop),
+            # Our heartbeat, the other hosts' watched, the documents of dead ones taken over.
+            self._loop("hosts", self._hosts().run),
+            # Webhooks and hooks of final documents, from the journal (never in a document's way).
+            self._loop("delivery", self._deliverer().run),
+        ]
+        workers = [self.loops.start(f"worker-{n}", self._worker()) for n in range(self.documents_in_flight)]
+        loops.append(self._loop("tick", self._tick_loop))
+        while not self.should_exit.is_set():
+            reload_wait = asyncio.ensure_future(self.reload_requested.wait())
+            exit_wait = asyncio.ensure_future(self.should_exit.wait())
+            await asyncio.wait({reload_wait, exit_wait}, return_when=asyncio.FIRST_COMPLETED)
+            reload_wait.cancel()
+            exit_wait.cancel()
+            if self.reload_requested.is_set() and not self.should_exit.is_set():
+                self.reload_requested.clear()
+                # A stop during a reload ends the reload: its checks have a deadline, the stop its own.
+                await run_unless_stopped(self.reload(), self.should_exit)
 
-            self.notifier.stopping()
-            log.info("stopping: no new documents are taken", in_flight=len(self.work.active))
-            if self.engine is not None:
-                self.engine.stopping()
-            for task in [*self._watch_tasks.values(), *loops]:
-                task.cancel()
-            self.work.stop_workers(len(workers))
-            _, unfinished = await asyncio.wait(workers, timeout=self.settings.drain_seconds)
-            if unfinished:
-                log.warning(
-                    "drain deadline passed; in-flight documents resume at the next start",
-                    documents=sorted(self.work.active),
-                )
-                for task in unfinished:
-                    task.cancel()
+        deadline = self._begin_stop()
+        self.notifier.stopping()
+        log.info("stopping: no new documents are taken", in_flight=len(self.work.active))
+        if self.engine is not None:
+            self.engine.stopping()
+        for task in [*self._watch_tasks.values(), *loops]:
+            task.cancel()
+        self.work.stop_workers(len(workers))
+        drain = min(self.settings.drain_seconds, deadline - SHUTDOWN_RESERVE_SECONDS - time.monotonic())
+        if await self.loops.wait(workers, drain):
+            log.warning(
+                "drain deadline passed; in-flight documents resume at the next start",
+                documents=sorted(self.work.active),
+            )
+        # The workers left, and any loop that outlived its cancel: cancelled (again) until the deadline.
+        await self.loops.cancel_all(deadline - SHUTDOWN_RESERVE_SECONDS)
 
     async def shutdown(self) -> None:
+        deadline = self._begin_stop()
         self.metrics.ready.set(0)
         for watcher in self.watchers.values():
             watcher.stop()
+        if self.loops.alive():  # a start that failed or was stopped: nothing else ended them
+            await self.loops.cancel_all(deadline - SHUTDOWN_RESERVE_SECONDS)
         if self.engine is not None:
-            await self.engine.aclose()
+            try:
+                async with asyncio.timeout(max(deadline - EXIT_RESERVE_SECONDS - time.monotonic(), 0.5)):
+                    await self.engine.aclose()
+            except TimeoutError:
+                log.error(
+                    "the engine did not close before the stop's deadline; its processes are ended at the next start"
+                )
+        self._service_threads.shutdown(wait=False, cancel_futures=True)
         if self.pipeline is not None:
             self.pipeline.close()
         if self.journal is not None:
@@ -324,6 +395,7 @@ class Daemon:
 
     def handle_exit(self, signum: int = signal.SIGTERM) -> None:
         log.info("signal received", signal=signal.Signals(signum).name)
+        self._begin_stop()
         self.should_exit.set()
 
     def handle_hup(self, signum: int = signal.SIGHUP) -> None:
@@ -335,11 +407,17 @@ class Daemon:
         # stuck (threads' stacks need py-spy or faulthandler; an await shows in neither).
         log.warning("tasks", tasks=task_stacks())
 
-    def reload(self) -> None:
-        """Re-read the config; on error keep running with the old one. Engine settings need a restart."""
+    async def reload(self) -> None:
+        """Re-read the config; on error keep running with the old one. Engine settings need a restart.
+        Every file it reads and folder it checks is off the loop, within a deadline."""
         try:
-            new_settings = load_settings(self.config_path)
-            prepare_folders(new_settings)
+            try:
+                new_settings = await self._blocking(load_settings, self.config_path)
+            except TimeoutError:
+                raise ConfigError(
+                    f"the config file did not answer within {FOLDER_CHECK_SECONDS:.0f} s (on a hung share?)"
+                ) from None
+            await self._prepare_folders(new_settings)
         except ConfigError as error:
             log.error("reload refused: keeping the running configuration", error=str(error))
             self.notifier.status(f"reload refused, running the old configuration: {error}".splitlines()[0])
@@ -363,10 +441,9 @@ class Daemon:
     # -- loops ---------------------------------------------------------------------------------
 
     def _loop(self, name: str, loop_fn: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
-        """A supervised loop in the daemon's task group, named (asyncio's debug reports and task
-        dumps then say which loop a slow step or a stuck await belongs to)."""
-        assert self._group is not None
-        return self._group.create_task(supervised(name, loop_fn), name=name)
+        """A supervised loop among the daemon's recorded tasks, named (task dumps and the stop's log
+        then say which loop a slow step or a stuck await belongs to)."""
+        return self.loops.start(name, supervised(name, loop_fn))
 
     def _start_watchers(self) -> None:
         self.watchers = {inbox.name: InboxWatcher(inbox, self.intake_queue.put) for inbox in self.settings.inbox}

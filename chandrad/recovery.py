@@ -13,6 +13,7 @@ documents that are final.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 from collections.abc import Callable
@@ -23,6 +24,7 @@ import structlog
 
 from chandrad import folders, hosts
 from chandrad.durable import move_durably
+from chandrad.errors import InboxUnreachableError
 from chandrad.journal import FINAL_STATES, Document, storable
 from chandrad.runtime import Runtime, remove_claim_folder
 
@@ -35,10 +37,20 @@ async def recover(runtime: Runtime) -> list[str]:
     """After a crash: finish claims, and return the ids of documents to process again."""
     journal = runtime.journal
     resumable = []
+    unreachable = await _unreachable_inboxes(runtime)
     for doc in await journal.call(journal.unfinished):
         inbox = runtime.inboxes.get(doc.inbox)
         if inbox is None:
             log.warning("document belongs to an inbox no longer configured; leaving it", doc=doc.id)
+            continue
+        if inbox.path in unreachable:
+            if doc.state in ("preparing", "inferring"):
+                # Resumed like any other: its stages check the share again, within their deadlines.
+                await journal.call(journal.set_state, doc.id, "queued")
+                resumable.append(doc.id)
+            elif doc.state != "settled":
+                resumable.append(doc.id)
+            # A half-claimed one needs the share to be finished: it waits for the next start.
             continue
         claimed = folders.claimed_path(inbox.path, runtime.host_id, doc.id, Path(doc.rel_path))
         taker = await runtime.on_inbox(inbox.path, _taken_over, inbox.path, doc, claimed)
@@ -57,11 +69,31 @@ async def recover(runtime: Runtime) -> list[str]:
         elif doc.state in ("preparing", "inferring"):
             await journal.call(journal.set_state, doc.id, "queued")
         resumable.append(doc.id)
-    resumable += await _adopt_unrecorded_claims(runtime)
+    resumable += await _adopt_unrecorded_claims(runtime, unreachable)
     if resumable:
         log.info("resuming documents interrupted by a stop or crash", count=len(resumable))
-    await sweep_leftovers(runtime)
+    await sweep_leftovers(runtime, unreachable)
     return resumable
+
+
+async def _unreachable_inboxes(runtime: Runtime) -> set[Path]:
+    """Inboxes whose share does not answer a check within its deadline (or is unmounted): the start
+    goes on without their claims and sweeps, instead of waiting for them without end."""
+    unreachable = set()
+    for inbox in {inbox.path: inbox for inbox in runtime.inboxes.values()}.values():
+        try:
+            reachable = await runtime.probe(inbox.path, functools.partial(folders.inbox_reachable, inbox.path))
+        except (OSError, InboxUnreachableError):
+            reachable = False
+        if not reachable:
+            log.warning(
+                "an inbox does not answer at start (a hung or unmounted share?); its claims are looked at "
+                "when it does, or at the next start",
+                inbox=inbox.name,
+                path=str(inbox.path),
+            )
+            unreachable.add(inbox.path)
+    return unreachable
 
 
 def _finish_claim(inbox_path: Path, doc: Document, claimed: Path, host_id: str) -> bool:
@@ -114,11 +146,13 @@ def _moved_by_us(doc: Document) -> bool:
         return False
 
 
-async def _adopt_unrecorded_claims(runtime: Runtime) -> list[str]:
+async def _adopt_unrecorded_claims(runtime: Runtime, unreachable: set[Path]) -> list[str]:
     """Claim folders of ours that the journal does not know (a crash between a takeover's rename
     and its journal commit) become documents again."""
     adopted = []
     for inbox in {inbox.path: inbox for inbox in runtime.inboxes.values()}.values():
+        if inbox.path in unreachable:
+            continue
         for entry in await runtime.on_inbox(inbox.path, _subfolders, folders.host_claims(inbox.path, runtime.host_id)):
             if await runtime.journal.call(runtime.journal.find, entry.name) is not None:
                 continue
@@ -133,7 +167,7 @@ async def _adopt_unrecorded_claims(runtime: Runtime) -> list[str]:
 FAILED_MARKERS_CHECKED = 200
 
 
-async def sweep_leftovers(runtime: Runtime) -> None:
+async def sweep_leftovers(runtime: Runtime, unreachable: frozenset[Path] | set[Path] = frozenset()) -> None:
     """Remove what a crash between a document's final commit and its clean-up left behind: its
     staging and work folders, its empty claim folder, and the seen marker of a failed one. Folders
     of documents still in progress are kept (they resume from them); a claim folder that still
@@ -144,6 +178,8 @@ async def sweep_leftovers(runtime: Runtime) -> None:
     bases: list[tuple[str, Path, bool]] = []
     share_of: dict[Path, Path] = {}  # a claims folder: its inbox, whose threads look at it
     for inbox in runtime.inboxes.values():
+        if inbox.path in unreachable:
+            continue
         bases += [
             ("staging", folders.host_staging(inbox.outbox, me), False),
             ("staging", folders.staging_root(inbox.outbox), True),

@@ -215,7 +215,9 @@ class InboxWatcher:
         self.inbox = inbox
         self.rules = IgnoreRules.for_inbox(inbox)
         self.tracker = SettleTracker(inbox.settle_seconds, inbox.empty_settle_seconds)
-        self.polling = wants_polling(inbox)
+        # Decided in the watcher's thread when it starts (it resolves the path and reads /proc: on a
+        # share that stopped answering, that would hold the loop at start and at every SIGHUP).
+        self.polling: bool | None = None
         self._emit = emit
         self._clock = clock
         self._observer: BaseObserver | None = None
@@ -300,6 +302,8 @@ class InboxWatcher:
         return found
 
     def start_observer(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.polling is None:
+            self.polling = wants_polling(self.inbox)
         if self.polling:
             observer: BaseObserver = PollingObserver(timeout=self.inbox.poll_interval_seconds)
         else:
