@@ -11,6 +11,8 @@ import functools
 import os
 import re
 import socket
+import threading
+import time
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -576,14 +578,42 @@ def _is_within(child: Path, parent: Path) -> bool:
     return child == parent or parent in child.parents
 
 
+# A folder on a share that stopped answering must not hold the start or a reload in validation.
+RESOLVE_SECONDS = 5.0
+
+
+def _resolved_all(paths: list[Path]) -> dict[Path, Path]:
+    """Each path ``resolve()``d (symlinks followed: an outbox linked into an inbox is caught), all at
+    once in daemon threads within RESOLVE_SECONDS in all; one that has not answered by then (a hung
+    share) is made absolute without the filesystem, which catches every layout mistake but one made
+    with a symlink on that share."""
+    found: dict[Path, Path] = {}
+    threads = []
+    for path in dict.fromkeys(paths):
+
+        def resolve(path: Path = path) -> None:
+            found[path] = path.resolve()
+
+        thread = threading.Thread(target=resolve, name="resolve", daemon=True)
+        thread.start()
+        threads.append(thread)
+    deadline = time.monotonic() + RESOLVE_SECONDS
+    for thread in threads:
+        thread.join(max(deadline - time.monotonic(), 0))
+    return {path: found.get(path) or Path(os.path.abspath(path)) for path in paths}
+
+
 def _check_folder_layout(inboxes: tuple[InboxSettings, ...]) -> None:
     names = [inbox.name for inbox in inboxes]
     if len(set(names)) != len(names):
         raise ValueError(f'inbox names must be unique, got {names}; set name = "..." on each [[inbox]]')
-    all_inboxes = [inbox.path.resolve() for inbox in inboxes]
+    resolved_of = _resolved_all(
+        [inbox.path for inbox in inboxes] + [folder for inbox in inboxes for folder in inbox.destinations.values()]
+    )
+    all_inboxes = [resolved_of[inbox.path] for inbox in inboxes]
     for inbox in inboxes:
         for role, folder in inbox.destinations.items():
-            resolved = folder.resolve()
+            resolved = resolved_of[folder]
             for inbox_path in all_inboxes:
                 if _is_within(resolved, inbox_path):
                     raise ValueError(

@@ -200,8 +200,11 @@ class Daemon:
             await self.shutdown()
             # SIGUSR1 stays until the loop closes: the loop's own clean-up is one more place where a
             # stop could wait, and the task dump shows it.
-            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                loop.remove_signal_handler(signum)
+            # Under `chandrad run` they stay until run_to_exit ignores them: a second SIGTERM during
+            # the last clean-up would otherwise end the process with the signal, not its status.
+            if self._backstop is None:
+                for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    loop.remove_signal_handler(signum)
         if self.loops.error is not None:
             raise self.loops.error
         return 0

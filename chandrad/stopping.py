@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -37,6 +38,8 @@ EXIT_RESERVE_SECONDS = 2.0
 EXIT_STOP_FORCED = 4
 # Threads that get this long to end after the loop has closed, when the daemon set no deadline.
 DEFAULT_JOIN_SECONDS = 5.0
+# How long threads get to end once the loop has closed, before those left are taken to be stuck.
+THREADS_END_SECONDS = 2.0
 
 
 def where_it_waits(task: asyncio.Task[Any]) -> str:
@@ -196,8 +199,14 @@ def run_to_exit(daemon: Stoppable) -> int:
         finally:
             asyncio.set_event_loop(None)
             loop.close()
+            # The stop is under way: a second SIGTERM (or ^C) now would end the process with the
+            # signal instead of its status, halfway through the threads' join.
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_IGN)
             default_threads.shutdown(wait=False, cancel_futures=True)
-    stuck = _join_threads(deadline)
+    # Threads that were let go of end within moments; one still running after that is stuck (on a
+    # share), and waiting for it to the deadline would only hand the exit to the backstop.
+    stuck = _join_threads(min(deadline - EXIT_RESERVE_SECONDS / 4, time.monotonic() + THREADS_END_SECONDS))
     if stuck:
         log.error(
             "threads still blocked at exit (a share that stopped answering?); ending the process without them",
