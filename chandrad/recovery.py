@@ -13,7 +13,6 @@ documents that are final.
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import shutil
 from collections.abc import Callable
@@ -77,17 +76,17 @@ async def recover(runtime: Runtime) -> list[str]:
 
 
 async def _unreachable_inboxes(runtime: Runtime) -> set[Path]:
-    """Inboxes whose share does not answer a check within its deadline (or is unmounted): the start
+    """Inboxes whose share does not answer a check within its deadline: the start
     goes on without their claims and sweeps, instead of waiting for them without end."""
     unreachable = set()
     for inbox in {inbox.path: inbox for inbox in runtime.inboxes.values()}.values():
+        # Any answer will do (an unmounted share's empty mount point answers, and the claims'
+        # own checks tell that case); only silence past the probe's deadline counts here.
         try:
-            reachable = await runtime.probe(inbox.path, functools.partial(folders.inbox_reachable, inbox.path))
-        except (OSError, InboxUnreachableError):
-            reachable = False
-        if not reachable:
+            await runtime.probe(inbox.path, inbox.path.exists)
+        except InboxUnreachableError:
             log.warning(
-                "an inbox does not answer at start (a hung or unmounted share?); its claims are looked at "
+                "an inbox does not answer at start (a hung network share?); its claims are looked at "
                 "when it does, or at the next start",
                 inbox=inbox.name,
                 path=str(inbox.path),

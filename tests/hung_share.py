@@ -61,7 +61,14 @@ def timed_run(self):  # type: ignore[no-untyped-def]
     real_run(self)
     took = time.perf_counter() - started
     if took > 0.1:
-        os.write(slow_fd, f"{took:.3f} s {self._callback!r}\n".encode(errors="replace"))
+        task = getattr(self._callback, "__self__", None)
+        if isinstance(task, asyncio.Task):
+            from chandrad.stopping import where_it_waits
+
+            what = f"task {task.get_name()}, now at: {where_it_waits(task)!r}"
+        else:
+            what = repr(self._callback)
+        os.write(slow_fd, f"{took:.3f} s {what}\n".encode(errors="replace"))
 
 
 asyncio.events.Handle._run = timed_run  # type: ignore[method-assign]

@@ -221,6 +221,8 @@ def test_sighup_then_sigterm_at_twenty_timings_every_stop_ends_within_its_deadli
     assert slow == [], f"stops over 10 s (cycle, SIGTERM after SIGHUP, seconds): {slow}"
 
 
+# It times the loop's steps (100 ms): with nothing beside it, as tests/test_event_loop.py.
+@pytest.mark.alone
 @pytest.mark.parametrize("hung_from", ["start", "running"])
 def test_a_share_that_stops_answering_holds_neither_the_loop_nor_the_other_inbox_nor_the_stop(tmp_path, hung_from):
     share = tmp_path / "share"
