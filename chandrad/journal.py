@@ -5,6 +5,9 @@ and what must be retried: nothing of that lives in memory alone, so a crash or `
 nothing. Each state transition is one commit. Calls are blocking: the daemon runs them in a
 thread (``Journal.call``), never on the event loop.
 
+Final documents are remembered for ``retention.days`` (``prune``, driven by ``chandrad.retention``):
+then their rows, page rows and delivery rows go, in batches, each one transaction.
+
 A document's life: seen → settled → queued → preparing → inferring → publishing → published | failed.
 ``seen`` lives in the watcher's memory (a name that has not settled is not a document yet).
 """
@@ -46,6 +49,7 @@ def _worth_waiting_out(error: sqlite3.Error) -> bool:
 
 STATES = ("settled", "queued", "preparing", "inferring", "publishing", "published", "failed")
 FINAL_STATES = ("published", "failed")
+_UNFINISHED_STATES = tuple(state for state in STATES if state not in FINAL_STATES)
 # A delivery (webhook request or hook run) is pending until it succeeded or was given up.
 DELIVERY_STATES = ("pending", "delivered", "failed")
 
@@ -74,6 +78,9 @@ CREATE INDEX IF NOT EXISTS documents_sha ON documents (sha256);
 -- it replaces an index on state alone, which every state change also had to update
 DROP INDEX IF EXISTS documents_state;
 CREATE INDEX IF NOT EXISTS documents_state_created ON documents (state, created_at);
+-- by state and last change: the retention prune's read (final rows older than the cutoff, oldest
+-- first, stopping at its batch) and the latest failures (``recent``: status, recovery's sweep)
+CREATE INDEX IF NOT EXISTS documents_state_updated ON documents (state, updated_at);
 CREATE INDEX IF NOT EXISTS documents_path ON documents (inbox, rel_path);
 CREATE TABLE IF NOT EXISTS pages (
     doc_id TEXT NOT NULL REFERENCES documents (id),
@@ -113,7 +120,39 @@ CREATE TABLE IF NOT EXISTS deliveries (
 );
 CREATE INDEX IF NOT EXISTS deliveries_state_due ON deliveries (state, next_attempt_at);
 CREATE INDEX IF NOT EXISTS deliveries_doc ON deliveries (doc_id);
+-- the latest failed or retrying deliveries (``deliveries``: status) without sorting all of them
+CREATE INDEX IF NOT EXISTS deliveries_state_updated ON deliveries (state, updated_at);
 """
+
+# How many documents and deliveries are in each state, kept by triggers in every transaction that
+# changes one: ``counts`` (the watchdog's health check, ``chandrad status``) and ``delivery_counts``
+# (the pending gauge) read a few rows instead of counting the whole table (58 and 80 ms with a
+# million rows, on the journal's one thread, in front of intake). Created, and filled from the
+# tables, once, under the write lock (``Journal._keep_counts``): no row is counted twice or missed.
+COUNTS_SCHEMA = (
+    "CREATE TABLE state_counts (tbl TEXT NOT NULL, state TEXT NOT NULL, n INTEGER NOT NULL, "
+    "PRIMARY KEY (tbl, state)) WITHOUT ROWID",
+    "INSERT INTO state_counts SELECT 'documents', state, COUNT(*) FROM documents GROUP BY state",
+    "INSERT INTO state_counts SELECT 'deliveries', state, COUNT(*) FROM deliveries GROUP BY state",
+)
+
+
+def _count_triggers(table: str) -> tuple[str, ...]:
+    """The triggers that keep ``table``'s row in ``state_counts`` for each state."""
+    up = (
+        f"INSERT INTO state_counts (tbl, state, n) VALUES ('{table}', new.state, 1) "
+        "ON CONFLICT (tbl, state) DO UPDATE SET n = n + 1;"
+    )
+    down = f"UPDATE state_counts SET n = n - 1 WHERE tbl = '{table}' AND state = old.state;"
+    return (
+        f"CREATE TRIGGER IF NOT EXISTS {table}_count_insert AFTER INSERT ON {table} BEGIN {up} END",
+        f"CREATE TRIGGER IF NOT EXISTS {table}_count_delete AFTER DELETE ON {table} BEGIN {down} END",
+        f"CREATE TRIGGER IF NOT EXISTS {table}_count_update AFTER UPDATE OF state ON {table} "
+        f"WHEN old.state IS NOT new.state BEGIN {down} {up} END",
+    )
+
+
+COUNT_TRIGGERS = _count_triggers("documents") + _count_triggers("deliveries")
 
 T = TypeVar("T")
 
@@ -186,6 +225,17 @@ class PageRecord:
 
 
 @dataclass(frozen=True)
+class PrunedDocument:
+    """A final document the retention prune removed from the journal."""
+
+    id: str
+    inbox: str
+    sha256: str
+    state: str
+    updated_at: float
+
+
+@dataclass(frozen=True)
 class NewDelivery:
     """A delivery to record with a document's final state: ``kind`` "webhook" or "hook", ``target``
     the [[webhook]]/[[hook]] name, ``payload`` what is sent (the exact request body, or the hook's
@@ -238,7 +288,12 @@ class Journal:
             # state_dir, a `sqlite3` shell left in a transaction) otherwise went unnoticed until
             # the first document, whose every commit then failed after the busy timeout.
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("COMMIT")
+            try:
+                self._keep_counts()
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
         except sqlite3.OperationalError as error:
             raise ConfigError(
                 f"cannot open the journal {path}: {error}. If another chandrad uses this state_dir, stop it "
@@ -472,8 +527,12 @@ class Journal:
         return Document.from_row(row) if row else None
 
     def unfinished(self) -> list[Document]:
+        """Every document not final, oldest first. The states are named (IN, not NOT IN): SQLite
+        reads each from the state index, where NOT IN read every row, final ones included (a
+        million of them at start-up and in ``chandrad status``)."""
+        placeholders = ", ".join("?" for _ in _UNFINISHED_STATES)
         rows = self._execute(
-            "SELECT * FROM documents WHERE state NOT IN ('published', 'failed') ORDER BY created_at"
+            f"SELECT * FROM documents WHERE state IN ({placeholders}) ORDER BY created_at", _UNFINISHED_STATES
         ).fetchall()
         return [Document.from_row(row) for row in rows]
 
@@ -491,7 +550,11 @@ class Journal:
         return [row["id"] for row in rows]
 
     def counts(self) -> dict[str, int]:
-        rows = self._execute("SELECT state, COUNT(*) AS n FROM documents GROUP BY state").fetchall()
+        """How many documents are in each state (those with any), from the triggers' tally."""
+        return self._state_counts("documents")
+
+    def _state_counts(self, table: str) -> dict[str, int]:
+        rows = self._execute("SELECT state, n FROM state_counts WHERE tbl = ? AND n > 0", (table,)).fetchall()
         return {row["state"]: row["n"] for row in rows}
 
     def recent(self, limit: int = 20, state: str | None = None) -> list[Document]:
@@ -511,6 +574,62 @@ class Journal:
             "ORDER BY final_path = ? DESC, updated_at DESC LIMIT 1",
             (storable(path), storable(path), storable(path)),
         ).fetchone()
+        return Document.from_row(row) if row else None
+
+    # -- retention -------------------------------------------------------------------------------
+
+    def prune(self, cutoff: float, limit: int) -> list[PrunedDocument]:
+        """Remove up to ``limit`` final documents last changed before ``cutoff`` (oldest first),
+        with their page rows and delivery rows, in one transaction: a kill leaves all of a batch
+        or none of it. A document with a delivery still pending is kept until it is delivered or
+        given up (its webhook must still get it).
+
+        Each state is read from the (state, updated_at) index, which stops at ``limit``: a batch
+        costs the same with a million rows as with a thousand. Returns what was removed."""
+
+        def work(db: sqlite3.Connection) -> list[PrunedDocument]:
+            # Each state's oldest, then the oldest of both. The delivery check reads this
+            # document's own rows (by doc_id), never every pending delivery.
+            candidates: list[sqlite3.Row] = []
+            for state in FINAL_STATES:
+                candidates += db.execute(
+                    "SELECT id, inbox, sha256, state, updated_at FROM documents AS d "
+                    "WHERE state = ? AND updated_at < ? AND NOT EXISTS (SELECT 1 FROM deliveries "
+                    "INDEXED BY deliveries_doc WHERE doc_id = d.id AND state = 'pending') "
+                    "ORDER BY updated_at LIMIT ?",
+                    (state, cutoff, limit),
+                ).fetchall()
+            picked = sorted(candidates, key=lambda row: float(row["updated_at"]))[:limit]
+            ids = [(row["id"],) for row in picked]
+            db.executemany("DELETE FROM deliveries WHERE doc_id = ?", ids)
+            db.executemany("DELETE FROM pages WHERE doc_id = ?", ids)
+            db.executemany("DELETE FROM documents WHERE id = ?", ids)
+            return [
+                PrunedDocument(row["id"], row["inbox"], row["sha256"], row["state"], row["updated_at"])
+                for row in picked
+            ]
+
+        return self._transaction(work)
+
+    def size_bytes(self) -> int:
+        """The journal's size on disk: the database file and its write-ahead log. Pruned rows leave
+        free pages that new rows reuse; the file does not shrink."""
+        total = 0
+        for path in (self.path, self.path.with_name(self.path.name + "-wal")):
+            try:
+                total += path.stat().st_size
+            except FileNotFoundError:
+                pass
+        return total
+
+    def oldest(self) -> Document | None:
+        """The document first seen longest ago (its ``created_at``, and ``updated_at``: for a final
+        one, when retention may prune it), or None in an empty journal. Read as each state's
+        first row by the (state, created_at) index, not by a scan."""
+        firsts = " UNION ALL ".join(
+            "SELECT * FROM (SELECT * FROM documents WHERE state = ? ORDER BY created_at LIMIT 1)" for _ in STATES
+        )
+        row = self._execute(f"SELECT * FROM ({firsts}) ORDER BY created_at LIMIT 1", STATES).fetchone()
         return Document.from_row(row) if row else None
 
     # -- deliveries ------------------------------------------------------------------------------
@@ -539,8 +658,8 @@ class Journal:
         )
 
     def delivery_counts(self) -> dict[str, int]:
-        rows = self._execute("SELECT state, COUNT(*) AS n FROM deliveries GROUP BY state").fetchall()
-        return {row["state"]: row["n"] for row in rows}
+        """How many deliveries are in each state (those with any), from the triggers' tally."""
+        return self._state_counts("deliveries")
 
     def deliveries(self, *, state: str | None = None, doc_id: str | None = None, limit: int = 20) -> list[Delivery]:
         """Deliveries, latest change first; only those in ``state`` or of ``doc_id`` if given."""
@@ -558,6 +677,17 @@ class Journal:
         return [Delivery.from_row(row) for row in rows]
 
     # -- pages -----------------------------------------------------------------------------------
+
+    def _keep_counts(self) -> None:
+        """The tally of states (``COUNTS_SCHEMA``): made and filled in the open's transaction if
+        this journal has none yet (one made by an older chandrad); its triggers made in the same
+        transaction, so that no change between the fill and them goes uncounted."""
+        exists = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'state_counts'")
+        if exists.fetchone() is None:
+            for statement in COUNTS_SCHEMA:
+                self._db.execute(statement)
+        for trigger in COUNT_TRIGGERS:
+            self._db.execute(trigger)
 
     def _add_missing_columns(self) -> None:
         """A journal written by an older chandrad lacks the columns added since: add them (empty)."""
