@@ -235,7 +235,7 @@ class Daemon:
 
     async def _check_host_id_free(self) -> None:
         """``check_host_id_free`` an inbox at a time, each within FOLDER_CHECK_SECONDS: a share that
-        does not answer is not checked (nothing is claimed there until it does)."""
+        does not answer is not checked at this start (the other inboxes must not wait for it)."""
         for inbox in self.settings.inbox:
             try:
                 await self._blocking(check_host_id_free, self.settings.model_copy(update={"inbox": (inbox,)}))
