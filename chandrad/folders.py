@@ -6,11 +6,13 @@ it in until its last move (to archive/ or failed/): a scanner re-using the name 
 and the watcher ignores ``.chandrad``. Beside it, ``.claim.json`` says what the file is (its path
 in the inbox, its hash), so that another host can take the document over; ``claimed/<host_id>/
 heartbeat`` says the host is alive, and ``claimed/<host_id>/<doc_id>.taken`` that another host took
-that document over. ``.chandrad/seen/<sha256>`` names the first document with that content, for
-every host. In each outbox, ``.chandrad/staging/<host_id>/<doc_id>/doc`` is where a document's
-outputs are written before the one rename that publishes them (same filesystem, so the rename is
-atomic). Under ``state_dir``, ``work/<doc_id>`` holds a document's working copies (a repaired or
-flattened PDF). Claims and staging folders of an older chandrad (``claimed/<doc_id>``,
+that document over. ``.chandrad/seen/ab/cd/<sha256>`` (sharded by the hash's first two and next two
+hex digits, so that no folder of a share holds more than a few thousand names) names the first
+document with that content, for every host, until retention prunes it; an older chandrad's flat
+``seen/<sha256>`` is still read. In each outbox, ``.chandrad/staging/<host_id>/<doc_id>/doc`` is
+where a document's outputs are written before the one rename that publishes them (same filesystem,
+so the rename is atomic). Under ``state_dir``, ``work/<doc_id>`` holds a document's working copies
+(a repaired or flattened PDF). Claims and staging folders of an older chandrad (``claimed/<doc_id>``,
 ``staging/<doc_id>``) lack the host level; the journal names them by their full path.
 """
 
@@ -85,7 +87,12 @@ def seen_root(inbox_path: Path) -> Path:
 
 
 def seen_marker(inbox_path: Path, sha256: str) -> Path:
-    """Names the document (and host) that first took in this content."""
+    """Names the document (and host) that first took in this content: ``seen/ab/cd/<sha256>``."""
+    return seen_root(inbox_path) / sha256[:2] / sha256[2:4] / sha256
+
+
+def flat_seen_marker(inbox_path: Path, sha256: str) -> Path:
+    """Where an older chandrad kept the marker, ``seen/<sha256>``: read, never written."""
     return seen_root(inbox_path) / sha256
 
 

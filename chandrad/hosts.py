@@ -11,8 +11,10 @@ taken over one by one: a ``<doc_id>.taken`` marker first, then an atomic rename 
 same id and processes it from the start. The marker tells the dead host, once restarted, that the
 document is no longer its own (``taken_over_by``).
 
-Duplicates: ``seen/<sha256>``, created with O_EXCL after a successful claim, names the document
-that first took that content in, whichever host it was.
+Duplicates: ``seen/ab/cd/<sha256>``, created with O_EXCL after a successful claim, names the
+document that first took that content in, whichever host it was (an older chandrad's flat
+``seen/<sha256>`` counts too). Retention (``MarkerSweep``, run by ``chandrad.retention``) removes
+markers, takeover markers and long-dead hosts' heartbeats older than ``retention.days``.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import errno
 import json
 import os
 import shutil
+import stat
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,7 @@ from chandrad.durable import create_exclusively, fsync_dir, makedirs_durably, wr
 from chandrad.engine import processes
 from chandrad.errors import ConfigError, InboxUnreachableError
 from chandrad.journal import FINAL_STATES, Document
-from chandrad.runtime import Runtime, from_iso, now_iso
+from chandrad.runtime import Runtime, from_iso, now_iso, remove_claim_folder
 
 log = structlog.get_logger("chandrad.hosts")
 
@@ -567,7 +570,14 @@ class Hosts:
 
 def mark_seen(inbox_path: Path, sha256: str, host_id: str, doc: Document) -> dict[str, Any] | None:
     """Record that ``doc`` took this content in, unless a marker is there already (blocking).
-    Returns the marker of another document if there is one (ours: None)."""
+    Returns the marker of another document if there is one (ours: None).
+
+    An older chandrad's flat marker (``seen/<sha256>``) is looked at first and counts like one of
+    ours. New markers are only ever made in the sharded layout (``seen/ab/cd/<sha256>``), so
+    between hosts of this version the one exclusive link there decides who was first."""
+    flat = _marker_content(folders.flat_seen_marker(inbox_path, sha256))
+    if flat is not None:
+        return None if flat.get("doc_id") == doc.id else flat
     marker = folders.seen_marker(inbox_path, sha256)
     content = {"host_id": host_id, "doc_id": doc.id, "rel_path": doc.rel_path, "at": now_iso(doc.created_at)}
     makedirs_durably(marker.parent)
@@ -584,14 +594,223 @@ def mark_seen(inbox_path: Path, sha256: str, host_id: str, doc: Document) -> dic
     return existing
 
 
+def _marker_content(marker: Path) -> dict[str, Any] | None:
+    """A seen marker's content, or None if it is absent or unreadable."""
+    try:
+        content = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return content if isinstance(content, dict) else None
+
+
 def forget_seen(inbox_path: Path, sha256: str, doc_id: str) -> None:
-    """Remove the content's marker if it names ``doc_id`` (which failed: a copy dropped again is
-    processed again). Blocking."""
+    """Remove the content's marker, sharded or flat, if it names ``doc_id`` (which failed: a copy
+    dropped again is processed again). Blocking."""
     if not sha256:
         return
-    marker = folders.seen_marker(inbox_path, sha256)
+    for marker in (folders.seen_marker(inbox_path, sha256), folders.flat_seen_marker(inbox_path, sha256)):
+        content = _marker_content(marker)
+        if content is not None and content.get("doc_id") == doc_id:
+            try:
+                marker.unlink(missing_ok=True)
+            except OSError:
+                pass
+
+
+# -- retention: markers and long-dead hosts ------------------------------------------------------
+
+
+@dataclass
+class MarkerTally:
+    """What one inbox's retention pass removed, and how many names it looked at."""
+
+    seen: int = 0  # seen markers (a copy of their content is no duplicate any more)
+    taken: int = 0  # takeover markers
+    heartbeats: int = 0  # heartbeats of hosts dead for longer than retention.days
+    folders: int = 0  # empty claim folders of those hosts, and their own folders
+    leftovers: int = 0  # temporary files a crash left beside markers and heartbeats
+    examined: int = 0
+
+
+class MarkerSweep:
+    """One retention pass over an inbox's markers, a step at a time; each ``step`` is blocking
+    (run it on the inbox's threads) and looks at up to ``limit`` names.
+
+    Every marker is judged by its own age, its mtime (when it was made: markers are never
+    rewritten), not by the journal: the markers on a shared inbox belong to every host's
+    documents, and an unlink is atomic, so a kill at any point leaves each marker there or gone
+    and the next pass judges what is left exactly as this one would have. The mtime, not the
+    "at" in a seen marker: one stat for each name (on an SMB share often answered from the
+    folder listing) instead of an open, a read and a close; "at" is the document's first sight,
+    minutes before the marker was made. A share copied without its times makes markers look
+    young: kept longer, never pruned early.
+
+    Removed, when older than ``cutoff``: seen markers (``seen/ab/cd/<sha256>`` and the flat
+    ``seen/<sha256>``); ``<doc_id>.taken`` markers in every host's claims; temporary files a crash
+    left there. A host other than this one whose heartbeat is older than ``cutoff`` (and than
+    ``takeover_seconds``: it is dead to every host) loses its claim folders that hold no file, then
+    its heartbeat, then its folder; while any claim folder of it still holds a file, the heartbeat
+    stays (the others judge the host by it, to take that file over). A folder of another host that
+    is empty and has no heartbeat (a pass killed between the heartbeat and the folder) is removed
+    once unchanged for ``takeover_seconds``. The shard folders stay (at most 65 536, and a marker
+    being made in one must never find it gone). This host's heartbeat and folder are never touched.
+
+    Two hosts' passes may remove the same marker; the later unlink finds it gone, which is fine.
+    One narrow race remains: a marker removed by another pass and made anew for a new copy between
+    this pass's stat and its unlink is removed too (that copy's own journal still knows it).
+    """
+
+    def __init__(self, inbox_path: Path, host_id: str, cutoff: float, *, now: float, takeover_seconds: float) -> None:
+        self.tally = MarkerTally()
+        self.done = False
+        self._walk = self._pass(
+            inbox_path, host_id, cutoff, min(cutoff, now - takeover_seconds), now - takeover_seconds
+        )
+
+    def step(self, limit: int) -> bool:
+        """Look at up to ``limit`` more names, removing what is old enough: whether the pass is done."""
+        looked = 0
+        for _ in self._walk:
+            looked += 1
+            if looked >= limit:
+                break
+        else:
+            self.done = True
+        self.tally.examined += looked
+        return self.done
+
+    def _pass(
+        self, inbox_path: Path, me: str, cutoff: float, dead_before: float, settled_before: float
+    ) -> Iterator[None]:
+        yield from self._seen_folder(folders.seen_root(inbox_path), cutoff, depth=0)
+        root = folders.claimed_root(inbox_path)
+        for host in _entries(root):
+            if not host.is_dir(follow_symlinks=False):
+                continue
+            if host.name == me:
+                yield from self._host_folder(Path(host.path), cutoff, dead=False)
+                continue
+            heartbeat = folders.heartbeat_path(inbox_path, host.name)
+            beat_at = _mtime(heartbeat)
+            if beat_at is None:
+                # No heartbeat: an older chandrad's claim folder, or a dead host's folder whose
+                # heartbeat a killed pass removed. Removed only if empty (it holds nothing).
+                at = _mtime(Path(host.path))
+                if at is not None and at < settled_before and _rmdir(Path(host.path)):
+                    self.tally.folders += 1
+                yield
+                continue
+            dead = beat_at < dead_before
+            holds_a_file = yield from self._host_folder(Path(host.path), cutoff, dead=dead)
+            if dead and not holds_a_file:
+                # The heartbeat after the folders it vouches for, the host's folder last: a kill in
+                # between leaves an empty folder without a heartbeat, removed by a later pass.
+                if _unlink(heartbeat):
+                    self.tally.heartbeats += 1
+                if _rmdir(Path(host.path)):
+                    self.tally.folders += 1
+                yield
+
+    def _seen_folder(self, folder: Path, cutoff: float, depth: int) -> Iterator[None]:
+        for entry in _entries(folder):
+            name = entry.name
+            if depth < 2 and len(name) == 2 and _is_hex(name):
+                if entry.is_dir(follow_symlinks=False):
+                    yield from self._seen_folder(Path(entry.path), cutoff, depth + 1)
+                continue
+            is_marker = len(name) == 64 and _is_hex(name)
+            if not (is_marker or _is_leftover(name)):
+                continue
+            if _old_file(entry, cutoff) and _unlink(Path(entry.path)):
+                if is_marker:
+                    self.tally.seen += 1
+                else:
+                    self.tally.leftovers += 1
+            yield
+
+    def _host_folder(self, folder: Path, cutoff: float, *, dead: bool) -> Generator[None, None, bool]:
+        """Takeover markers and leftovers older than ``cutoff``; with ``dead``, the claim folders
+        that hold no file. Returns whether a claim folder still holds one."""
+        holds_a_file = False
+        for entry in _entries(folder):
+            name = entry.name
+            if name == "heartbeat":
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                if not dead:
+                    continue  # a live host's claims: its own business
+                if remove_claim_folder(Path(entry.path)):
+                    self.tally.folders += 1
+                else:
+                    holds_a_file = True
+            elif name.endswith(folders.TAKEN_SUFFIX) or _is_leftover(name):
+                if _old_file(entry, cutoff) and _unlink(Path(entry.path)):
+                    if name.endswith(folders.TAKEN_SUFFIX):
+                        self.tally.taken += 1
+                    else:
+                        self.tally.leftovers += 1
+            else:
+                continue
+            yield
+        return holds_a_file
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _is_hex(name: str) -> bool:
+    return all(char in _HEX for char in name)
+
+
+def _is_leftover(name: str) -> bool:
+    """A temporary file of ``create_exclusively`` or ``write_file_durably`` (``.<name>...tmp``)."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def _entries(folder: Path) -> Iterator[os.DirEntry[str]]:
+    """The entries of ``folder``, read as they are looked at (a flat ``seen`` of an older chandrad
+    may hold a million); none if it cannot be read."""
     try:
-        if json.loads(marker.read_text(encoding="utf-8")).get("doc_id") == doc_id:
-            marker.unlink(missing_ok=True)
-    except (OSError, ValueError, AttributeError):
-        pass
+        listing = os.scandir(folder)
+    except OSError:
+        return
+    with listing:
+        while True:
+            try:
+                entry = next(listing)
+            except StopIteration:
+                return
+            except OSError:
+                return
+            yield entry
+
+
+def _old_file(entry: os.DirEntry[str], cutoff: float) -> bool:
+    try:
+        st = entry.stat(follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return None
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        os.unlink(path)
+    except OSError:
+        return False  # gone already (another host's pass), or not ours to remove
+    return True
+
+
+def _rmdir(path: Path) -> bool:
+    try:
+        os.rmdir(path)
+    except OSError:
+        return False  # not empty (a file arrived), or gone already
+    return True
