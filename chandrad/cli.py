@@ -273,6 +273,7 @@ def status(config_path: Path | None, as_json: bool, only_failed: bool) -> None:
             _print_failed(failed_docs, as_json)
             return
         counts = journal.counts()
+        journal_path, journal_size, oldest = journal.path, journal.size_bytes(), journal.oldest()
         in_flight = journal.unfinished()
         failed = journal.recent(10, state="failed")
         delivery_counts = journal.delivery_counts()
@@ -289,6 +290,7 @@ def status(config_path: Path | None, as_json: bool, only_failed: bool) -> None:
     hosts_seen = _hosts_seen(settings)
     report = {
         "counts": counts,
+        "journal": _journal_entry(journal_path, journal_size, oldest, settings.retention.days),
         "in_flight": [
             {
                 "doc": d.id,
@@ -319,6 +321,7 @@ def status(config_path: Path | None, as_json: bool, only_failed: bool) -> None:
         click.echo(json.dumps(report, indent=2))
         return
     click.echo("documents: " + (", ".join(f"{state} {n}" for state, n in sorted(counts.items())) or "none yet"))
+    click.echo(_journal_line(journal_size, oldest, settings.retention.days))
     for doc in in_flight:
         click.echo(f"  in flight: {doc.rel_path} ({doc.inbox}) — {doc.state}")
     for doc in failed:
@@ -340,6 +343,39 @@ def status(config_path: Path | None, as_json: bool, only_failed: bool) -> None:
 
 
 FAILED_LISTED = 1000
+
+
+def _journal_entry(path: Path, size: int, oldest: Document | None, days: float) -> dict[str, object]:
+    """The journal's size on disk, its oldest document, and how long final ones are kept."""
+    return {
+        "path": str(path),
+        "size_bytes": size,
+        "retention_days": days,
+        "oldest": None
+        if oldest is None
+        else {
+            "doc": oldest.id,
+            "inbox": oldest.inbox,
+            "file": oldest.rel_path,
+            "state": oldest.state,
+            "created_at": _local(oldest.created_at),
+            "updated_at": _local(oldest.updated_at),
+        },
+    }
+
+
+def _journal_line(size: int, oldest: Document | None, days: float) -> str:
+    kept = f"final documents kept {days:g} days" if days > 0 else "final documents kept forever"
+    if oldest is None:
+        return f"journal: {_megabytes(size)}, no documents; {kept}"
+    return (
+        f"journal: {_megabytes(size)}; oldest document first seen {_local(oldest.created_at)} ({oldest.state}, "
+        f"last change {_local(oldest.updated_at)}); {kept}"
+    )
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
 
 
 def _hosts_seen(settings: Settings) -> list[dict[str, object]]:
