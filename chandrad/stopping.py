@@ -40,6 +40,8 @@ EXIT_STOP_FORCED = 4
 DEFAULT_JOIN_SECONDS = 5.0
 # How long threads get to end once the loop has closed, before those left are taken to be stuck.
 THREADS_END_SECONDS = 2.0
+# Ignored while the threads are joined at exit, then given back their handlers.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def where_it_waits(task: asyncio.Task[Any]) -> str:
@@ -182,6 +184,10 @@ def run_to_exit(daemon: Stoppable) -> int:
     cancelled and waited for briefly, the default executor's threads are not joined without end,
     and if threads are still running at the deadline (blocked on a share), the process ends here
     with the daemon's exit status instead of hanging in the interpreter's exit."""
+    # Only what the daemon started is ours to wait for: a thread that was there before (a caller's
+    # own, such as a test runner's) is neither joined nor a reason to end the process.
+    threads_before = set(threading.enumerate())
+    handlers_before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     loop = asyncio.new_event_loop()
     # Our own default executor, so that its threads can be let go of (asyncio.run's
     # shutdown_default_executor joins them without a deadline on 3.11).
@@ -201,18 +207,24 @@ def run_to_exit(daemon: Stoppable) -> int:
             loop.close()
             # The stop is under way: a second SIGTERM (or ^C) now would end the process with the
             # signal instead of its status, halfway through the threads' join.
-            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for signum in STOP_SIGNALS:
                 signal.signal(signum, signal.SIG_IGN)
             default_threads.shutdown(wait=False, cancel_futures=True)
     # Threads that were let go of end within moments; one still running after that is stuck (on a
     # share), and waiting for it to the deadline would only hand the exit to the backstop.
-    stuck = _join_threads(min(deadline - EXIT_RESERVE_SECONDS / 4, time.monotonic() + THREADS_END_SECONDS))
+    stuck = _join_threads(
+        min(deadline - EXIT_RESERVE_SECONDS / 4, time.monotonic() + THREADS_END_SECONDS), threads_before
+    )
     if stuck:
         log.error(
             "threads still blocked at exit (a share that stopped answering?); ending the process without them",
             threads=stuck,
         )
         _flush_and_exit(code)
+    # Ignored signals are inherited by every program started later (an exec keeps SIG_IGN): a
+    # caller that goes on after us must get its own handlers back.
+    for signum, handler in handlers_before.items():
+        signal.signal(signum, handler)
     return code
 
 
@@ -242,14 +254,17 @@ def _cancel_left_behind(loop: asyncio.AbstractEventLoop, deadline: float) -> Non
         log.warning("tasks still running when the event loop closed", tasks=still)
 
 
-def _join_threads(deadline: float) -> list[str]:
-    """Join every non-daemon thread until ``deadline``: the names of those still alive."""
-    for thread in threading.enumerate():
-        if thread is threading.current_thread() or thread.daemon:
-            continue
+def _join_threads(deadline: float, threads_before: set[threading.Thread]) -> list[str]:
+    """Join every non-daemon thread started since ``threads_before`` until ``deadline``: the names
+    of those still alive."""
+
+    def ours() -> list[threading.Thread]:
+        return [
+            thread
+            for thread in threading.enumerate()
+            if thread not in threads_before and thread is not threading.current_thread() and not thread.daemon
+        ]
+
+    for thread in ours():
         thread.join(max(deadline - time.monotonic(), 0))
-    return sorted(
-        thread.name
-        for thread in threading.enumerate()
-        if thread is not threading.current_thread() and not thread.daemon and thread.is_alive()
-    )
+    return sorted(thread.name for thread in ours() if thread.is_alive())

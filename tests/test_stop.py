@@ -195,6 +195,37 @@ def _start(root: Path, extra: str = "") -> DaemonProcess:
 TERM_AFTER_HUP = (0.0, 0.001, 0.01, 0.03, 0.1, 0.3, 0.6, 1.0, 1.5, 2.5)
 
 
+def test_run_to_exit_leaves_its_caller_as_it_found_it(tmp_path):
+    # Run in a process of its own, as a caller that goes on afterwards (a test runner running
+    # `chandrad run` through click): a thread of the caller's that is still running is neither
+    # waited for nor a reason to end the process, and the signals are the caller's again. An
+    # ignored SIGTERM left behind is inherited by every program started later (a test's smbd).
+    script = tmp_path / "caller.py"
+    script.write_text(textwrap.dedent("""
+        import signal, threading
+        from chandrad.stopping import run_to_exit
+
+        class Refused:
+            async def serve(self):
+                return 2  # as a daemon whose start was refused
+            def exit_deadline(self):
+                return None
+
+        callers = threading.Event()
+        thread = threading.Thread(target=callers.wait, name="the caller's")
+        thread.start()
+        handler = lambda signum, frame: None
+        signal.signal(signal.SIGTERM, handler)
+        code = run_to_exit(Refused())
+        same = signal.getsignal(signal.SIGTERM) is handler and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+        print("returned", code, "signals given back" if same else "signals left ignored")
+        callers.set()
+    """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "returned 2 signals given back", result.stdout + result.stderr[-2000:]
+
+
 def test_sighup_then_sigterm_at_twenty_timings_every_stop_ends_within_its_deadline(tmp_path):
     # Two daemons side by side, ten cycles each: both cores busy, as in CI.
     timings = [(n, after) for n, after in enumerate(TERM_AFTER_HUP)]
