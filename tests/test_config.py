@@ -56,12 +56,13 @@ def test_invalid_config_is_refused_with_a_message_naming_the_problem(tmp_path, t
 
 
 def test_the_example_config_loads_and_documents_every_key():
-    from chandrad.config import EngineSettings, InboxSettings, PrepareSettings, Settings
+    from chandrad.config import EngineSettings, InboxSettings, PrepareSettings, RetentionSettings, Settings
 
     example = Path(__file__).resolve().parent.parent / "config.example.toml"
     load_settings(example)
     text = example.read_text()
     documented = set(re.findall(r"^#? ?([a-z_]+) = ", text, re.MULTILINE))
-    for model in (Settings, EngineSettings, PrepareSettings, InboxSettings):
-        fields = {name for name in model.model_fields if name not in ("engine", "prepare", "inbox")}
+    tables = set(re.findall(r"^#? ?\[\[?([a-z_]+)\]", text, re.MULTILINE))  # [engine], # [retention], ...
+    for model in (Settings, EngineSettings, PrepareSettings, InboxSettings, RetentionSettings):
+        fields = {name for name in model.model_fields if name not in tables}
         assert fields <= documented, f"{model.__name__}: undocumented keys {fields - documented}"
