@@ -34,6 +34,7 @@ from chandrad.metrics import Metrics, ObservedEngine
 from chandrad.modelfiles import FetchProgress, fetch_model_async, is_hub_id, process_hub_cache
 from chandrad.notify import Notifier
 from chandrad.pipeline import Pipeline
+from chandrad.retention import Pruner
 from chandrad.stopping import EXIT_RESERVE_SECONDS, Backstop, LoopTasks, where_it_waits
 from chandrad.watch import InboxWatcher, SettledFile
 from chandrad.workqueue import WorkQueue
@@ -344,6 +345,8 @@ class Daemon:
             self._loop("hosts", self._hosts().run),
             # Webhooks and hooks of final documents, from the journal (never in a document's way).
             self._loop("delivery", self._deliverer().run),
+            # Final rows and markers older than retention.days, in small batches off the loop.
+            self._loop("retention", self._pruner().run),
         ]
         workers = [self.loops.start(f"worker-{n}", self._worker()) for n in range(self.documents_in_flight)]
         loops.append(self._loop("tick", self._tick_loop))
@@ -463,6 +466,10 @@ class Daemon:
     def _hosts(self) -> Hosts:
         assert self.hosts is not None
         return self.hosts
+
+    def _pruner(self) -> Pruner:
+        assert self.pipeline is not None
+        return Pruner(lambda: self.settings, self.pipeline.runtime)
 
     def _deliverer(self) -> Deliverer:
         assert self.journal is not None

@@ -76,7 +76,7 @@ class Pruner:
     pass (``settings_fn``), so a reload applies to the next one."""
 
     def __init__(
-        self, settings_fn: Callable[[], Settings], runtime: Runtime, *, first_pass_seconds: float = FIRST_PASS_SECONDS
+        self, settings_fn: Callable[[], Settings], runtime: Runtime, *, first_pass_seconds: float | None = None
     ) -> None:
         self.settings_fn = settings_fn
         self.runtime = runtime
@@ -84,7 +84,8 @@ class Pruner:
 
     async def run(self) -> None:
         """Loop for ever (until cancelled)."""
-        await asyncio.sleep(self.first_pass_seconds)
+        first = FIRST_PASS_SECONDS if self.first_pass_seconds is None else self.first_pass_seconds
+        await asyncio.sleep(first)
         while True:
             retention = self.settings_fn().retention
             if retention.days > 0:

@@ -13,6 +13,7 @@ import os
 import signal
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +21,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from chandrad import folders, hosts
+from chandrad import folders, hosts, retention
 from chandrad.cli import main
 from chandrad.config import EngineSettings, InboxSettings, RetentionSettings, Settings
+from chandrad.daemon import Daemon
 from chandrad.failures import Failures
 from chandrad.intake import Intake
 from chandrad.journal import Document, Journal, NewDelivery, PageRecord
@@ -398,6 +400,28 @@ async def test_the_pruner_passes_first_shortly_after_the_start_then_every_interv
     finally:
         world.runtime.close()
         world.journal.close()
+
+
+async def test_the_daemon_runs_the_pruner_as_one_of_its_loops(tmp_path, monkeypatch):
+    monkeypatch.setattr(retention, "FIRST_PASS_SECONDS", 0.0)
+    world = make_world(tmp_path)
+    old = await published(world, "old.pdf", b"published long ago", time.time() - 400 * DAY_SECONDS)
+    world.runtime.close()
+    world.journal.close()
+    old_marker = folders.seen_marker(world.inbox.path, old.sha256)
+    daemon = Daemon(world.settings, engine=DrawingEngine())
+    serving = asyncio.create_task(daemon.serve())
+    try:
+        assert await eventually(lambda: not old_marker.exists(), 60), "the running daemon pruned the old marker"
+    finally:
+        daemon.handle_exit()
+        async with asyncio.timeout(60):
+            await serving
+    journal = Journal(world.settings.state_dir / "journal.sqlite3")
+    try:
+        assert journal.find(old.id) is None, "and the old row"
+    finally:
+        journal.close()
 
 
 def test_status_shows_the_journals_size_and_its_oldest_document(tmp_path):
