@@ -16,7 +16,8 @@ setup-test:
 run: setup-run
 	$(VENV)/bin/chandrad run $(if $(CONFIG),--config $(CONFIG))
 
-# Lint, format and type checks on chandrad/ (configured in pyproject.toml); `make test` runs them
+# Lint, format, type and layer checks on chandrad/ (configured in pyproject.toml: ruff, mypy, and
+# import-linter's contracts, the layers of docs/architecture.md); `make test` runs them
 # first and stops if one fails. All run even when an earlier one fails, so one pass shows
 # everything there is to fix. The grep: every `type: ignore[code]` says why after it
 # (`# type: ignore[import-untyped]  # chandra-ocr ships no type hints`); ruff's PGH003 only
@@ -26,6 +27,7 @@ lint: setup-test
 	$(VENV)/bin/ruff check chandrad || rc=1; \
 	$(VENV)/bin/ruff format --check chandrad || rc=1; \
 	$(VENV)/bin/mypy || rc=1; \
+	$(VENV)/bin/lint-imports --no-cache || rc=1; \
 	if grep -rnE --include='*.py' 'type: *ignore(\[[^]]*\])? *$$' chandrad; then \
 		echo "make lint: the type: ignore above carries no reason (add '  # why' after it)" >&2; rc=1; fi; \
 	if [ $$rc -ne 0 ]; then echo "make lint: failed (ruff check --fix / ruff format fix most of it)" >&2; fi; exit $$rc

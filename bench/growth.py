@@ -42,16 +42,17 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from chandrad import folders, recovery
 from chandrad.cli import main as cli_main
 from chandrad.config import EngineSettings, InboxSettings, RetentionSettings, Settings
+from chandrad.document import recovery
+from chandrad.document.retention import DAY_SECONDS, Pruner
 from chandrad.engine import create_engine
-from chandrad.failures import Failures
-from chandrad.intake import Intake
-from chandrad.journal import Journal
-from chandrad.retention import DAY_SECONDS, Pruner
+from chandrad.inbox.intake import Intake
+from chandrad.inbox.watch import SettledFile
+from chandrad.output.failures import Failures
 from chandrad.runtime import Runtime
-from chandrad.watch import SettledFile
+from chandrad.storage import folders
+from chandrad.storage.journal import Journal
 
 HOST = "bench-host"
 DAYS = 365

@@ -1002,8 +1002,9 @@ def remote_phase(a: argparse.Namespace, settings: Any, files: list[Path], warm_f
 def micro(files: list[Path], kind: str) -> dict[str, Any]:
     from chandra.model.util import scale_to_fit
 
-    from chandrad import prepare, publish
+    from chandrad import prepare
     from chandrad.config import PrepareSettings
+    from chandrad.output import publish
 
     settings = PrepareSettings()
     out: dict[str, Any] = {}

@@ -34,10 +34,10 @@ sys.path.insert(0, str(REPO))
 import pikepdf  # noqa: E402
 from chandra.output import parse_chunks  # noqa: E402
 
-from chandrad import searchable_pdf as sp  # noqa: E402
 from chandrad.config import PrepareSettings  # noqa: E402
 from chandrad.engine.base import PageRequest  # noqa: E402
 from chandrad.engine.tesseract import TesseractEngine  # noqa: E402
+from chandrad.output import searchable_pdf as sp  # noqa: E402
 from chandrad.prepare import prepare_document  # noqa: E402
 from chandrad.testing import render_pages  # noqa: E402
 

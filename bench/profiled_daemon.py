@@ -106,9 +106,9 @@ def main() -> int:
     sys.path.insert(0, str(Path(a.src).resolve()))
     patch_profiler_config()
     from chandrad.cli import _load
-    from chandrad.daemon import Daemon
     from chandrad.logs import configure_logging
-    from chandrad.notify import Notifier
+    from chandrad.service.daemon import Daemon
+    from chandrad.service.notify import Notifier
 
     settings = _load(a.config)
     configure_logging(settings.log_format, settings.log_level, settings.journal_socket)

@@ -23,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from chandrad.daemon import RETRY_QUEUE_DEPTH  # noqa: E402
-from chandrad.journal import Journal  # noqa: E402
+from chandrad.service.daemon import RETRY_QUEUE_DEPTH  # noqa: E402
+from chandrad.storage.journal import Journal  # noqa: E402
 
 
 def fill(journal: Journal, backlog: int) -> None:

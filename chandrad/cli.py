@@ -21,16 +21,17 @@ from typing import NoReturn, get_args
 import click
 import structlog
 
-from chandrad import __version__, folders
+from chandrad import __version__
 from chandrad.config import InboxSettings, OutputFormat, Settings, load_settings, prepare_folders
-from chandrad.durable import move_durably
 from chandrad.engine import create_engine, cuda_gpu_visible, pages_in_flight
 from chandrad.errors import ConfigError, DocumentError
-from chandrad.failures import REPORT_SUFFIX
-from chandrad.journal import Delivery, Document, Journal
 from chandrad.logs import configure_logging
-from chandrad.notify import Notifier
+from chandrad.output.failures import REPORT_SUFFIX
 from chandrad.runtime import now_iso
+from chandrad.service.notify import Notifier
+from chandrad.storage import folders
+from chandrad.storage.durable import move_durably
+from chandrad.storage.journal import Delivery, Document, Journal
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -71,8 +72,8 @@ def version() -> None:
 @config_option
 def run(config_path: Path | None) -> None:
     """Run the daemon: watch the inboxes until SIGTERM (drains, exits 0); SIGHUP reloads the config."""
-    from chandrad.daemon import Daemon
-    from chandrad.stopping import run_to_exit
+    from chandrad.service.daemon import Daemon
+    from chandrad.service.stopping import run_to_exit
 
     settings = _load(config_path)
     configure_logging(settings.log_format, settings.log_level, settings.journal_socket)
@@ -138,8 +139,8 @@ def once(
 async def _convert_once(
     settings: Settings, files: tuple[Path, ...], output_dir: Path, overrides: dict[str, object]
 ) -> list[tuple[str, str]]:
-    from chandrad.folders import host_staging, staging_root
-    from chandrad.pipeline import Pipeline
+    from chandrad.document.pipeline import Pipeline
+    from chandrad.storage.folders import host_staging, staging_root
 
     template = settings.inbox[0] if settings.inbox else None
     failures: list[tuple[str, str]] = []

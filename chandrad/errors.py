@@ -69,7 +69,7 @@ class ToolTimeoutError(TransientError):
 class WaitError(TransientError):
     """The environment is not ready (a full disk, an unreachable inbox). Not the document's fault
     and not worth giving up on: the document waits (retried with backoff up to
-    ``MAX_WAIT_SECONDS`` of ``chandrad.failures``) without using up its ``max_attempts``, and
+    ``MAX_WAIT_SECONDS`` of ``chandrad.output.failures``) without using up its ``max_attempts``, and
     resumes when the condition clears."""
 
     wait_kind = "waiting"

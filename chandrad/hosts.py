@@ -13,7 +13,7 @@ document is no longer its own (``taken_over_by``).
 
 Duplicates: ``seen/ab/cd/<sha256>``, created with O_EXCL after a successful claim, names the
 document that first took that content in, whichever host it was (an older chandrad's flat
-``seen/<sha256>`` counts too). Retention (``MarkerSweep``, run by ``chandrad.retention``) removes
+``seen/<sha256>`` counts too). Retention (``MarkerSweep``, run by ``chandrad.document.retention``) removes
 markers, takeover markers and long-dead hosts' heartbeats older than ``retention.days``.
 """
 
@@ -34,13 +34,13 @@ from typing import Any
 
 import structlog
 
-from chandrad import folders
 from chandrad.config import InboxSettings, Settings
-from chandrad.durable import create_exclusively, fsync_dir, makedirs_durably, write_file_durably
 from chandrad.engine import processes
 from chandrad.errors import ConfigError, InboxUnreachableError
-from chandrad.journal import FINAL_STATES, Document
 from chandrad.runtime import Runtime, from_iso, now_iso, remove_claim_folder
+from chandrad.storage import folders
+from chandrad.storage.durable import create_exclusively, fsync_dir, makedirs_durably, write_file_durably
+from chandrad.storage.journal import FINAL_STATES, Document
 
 log = structlog.get_logger("chandrad.hosts")
 

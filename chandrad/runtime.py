@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from chandrad import delivery, folders, prepare, publish
+from chandrad import prepare
 from chandrad.config import InboxSettings, Settings
-from chandrad.durable import reserve_name
 from chandrad.engine.base import Engine
-from chandrad.journal import Document, Journal, NewDelivery
+from chandrad.storage import folders, naming
+from chandrad.storage.durable import reserve_name
+from chandrad.storage.journal import Document, Journal
 
 T = TypeVar("T")
 
@@ -110,28 +111,6 @@ class Runtime:
         matching its path in the inbox applied (``InboxSettings.effective``)."""
         return self.inboxes[doc.inbox].effective(doc.rel_path)
 
-    async def deliveries(
-        self, doc: Document, inbox: InboxSettings, event: str, entry: dict[str, Any] | None = None
-    ) -> list[NewDelivery]:
-        """The webhooks and hooks ``doc`` gets for its final state ``event`` ("published",
-        "failed"; ``entry`` says why it failed), to be committed with that state. ``chandrad
-        once`` (originals not moved) has no delivery task: nothing is planned for it."""
-        if not self.move_originals:
-            return []
-        webhooks, hooks = delivery.targets(self.settings, inbox, event)
-        if not webhooks and not hooks:
-            return []
-        current = await self.journal.call(self.journal.get, doc.id)  # output_dir and final_path as committed
-        files = (
-            await asyncio.to_thread(delivery.output_files, inbox.outbox, current.output_dir)
-            if event == "published"
-            else []
-        )
-        described = delivery.body(
-            current, inbox, event, entry, files, engine=self.engine.name, model=self.engine.model, now=self.clock()
-        )
-        return delivery.plan(webhooks, hooks, described, inbox)
-
     @property
     def host_id(self) -> str:
         return self.settings.host_id
@@ -148,7 +127,7 @@ class Runtime:
         before the move, so that neither a crash nor another host publishing the same name at the
         same moment makes the move replace a file. Call it only while the original is still
         claimed (after the move, ``final_path`` is where it went)."""
-        rel = publish.safe_relative(Path(doc.rel_path))
+        rel = naming.safe_relative(Path(doc.rel_path))
         # archive/ and failed/ sit beside the inbox, often on its share: its threads, not the
         # default executor behind page renders.
         share = self.inboxes[doc.inbox].path
@@ -157,7 +136,7 @@ class Runtime:
             if named is not None:
                 target = named
             else:
-                target = await self.on_inbox(share, publish.free_name, folder / rel.parent, rel.name)
+                target = await self.on_inbox(share, naming.free_name, folder / rel.parent, rel.name)
                 await self.journal.call(self.journal.set_state, doc.id, state, final_path=str(target))
             if await self.on_inbox(share, reserve_name, target, named is not None):
                 return target

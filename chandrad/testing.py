@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from chandrad.config import PrepareSettings
-from chandrad.durable import rename_dir_durably
 from chandrad.engine.processes import _stat_fields, process_argv
+from chandrad.output.publish import stage_files
 from chandrad.prepare import PageImage, PreparedDocument
-from chandrad.publish import stage_files
+from chandrad.storage.durable import rename_dir_durably
 
 __all__ = [
     "EC_LOADED_LINE",

@@ -63,7 +63,7 @@ def timed_run(self):  # type: ignore[no-untyped-def]
     if took > 0.1:
         task = getattr(self._callback, "__self__", None)
         if isinstance(task, asyncio.Task):
-            from chandrad.stopping import where_it_waits
+            from chandrad.service.stopping import where_it_waits
 
             what = f"task {task.get_name()}, now at: {where_it_waits(task)!r}"
         else:
@@ -74,13 +74,13 @@ def timed_run(self):  # type: ignore[no-untyped-def]
 asyncio.events.Handle._run = timed_run  # type: ignore[method-assign]
 
 import chandrad.config  # noqa: E402
-import chandrad.daemon  # noqa: E402
-import chandrad.folders  # noqa: E402
+import chandrad.service.daemon  # noqa: E402
+import chandrad.storage.folders  # noqa: E402
 from chandrad.cli import main  # noqa: E402
 
 # The deadlines that measure a share, shortened so that the test does not wait out 20 s ones.
-chandrad.folders.PROBE_TIMEOUT_SECONDS = 2.0
-chandrad.daemon.FOLDER_CHECK_SECONDS = 2.0
+chandrad.storage.folders.PROBE_TIMEOUT_SECONDS = 2.0
+chandrad.service.daemon.FOLDER_CHECK_SECONDS = 2.0
 chandrad.config.RESOLVE_SECONDS = 1.0
 sys.argv = ["chandrad", *args]
 main()

@@ -9,7 +9,7 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from chandrad.cli import EXIT_CONFIG, EXIT_FAILED, main
-from chandrad.journal import Journal
+from chandrad.storage.journal import Journal
 from tests.conftest import corpus_file
 
 

@@ -26,13 +26,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from chandrad import delivery
 from chandrad.cli import main
 from chandrad.config import HookSettings, InboxSettings, Settings, WebhookSettings, load_settings
-from chandrad.delivery import Deliverer
 from chandrad.errors import ConfigError
-from chandrad.journal import Delivery, Journal, NewDelivery
 from chandrad.metrics import Metrics
+from chandrad.output import delivery
+from chandrad.output.delivery import Deliverer
+from chandrad.storage.journal import Delivery, Journal, NewDelivery
 from tests.conftest import DaemonProcess, corpus_file, drop, wait_for
 from tests.reliability.chaoslib import simple_pdf
 

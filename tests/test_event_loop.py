@@ -17,8 +17,8 @@ import pytest
 from PIL import Image
 
 from chandrad.config import EngineSettings, InboxSettings, Settings
-from chandrad.daemon import Daemon
 from chandrad.engine.base import PageRequest, PageResult
+from chandrad.service.daemon import Daemon
 from tests.reliability.chaoslib import DrawingEngine
 
 # It measures wall time of callbacks: another test's processes on the same cores would be measured too.

@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from chandrad import folders
 from chandrad.config import EngineSettings, InboxSettings, Settings
+from chandrad.document.stages import DocumentStages
 from chandrad.errors import DiskFullError, InboxUnreachableError, PermanentError, TransientError
-from chandrad.failures import MAX_WAIT_SECONDS, Failures, advice, failure_report
-from chandrad.intake import Intake
-from chandrad.journal import Document, Journal
+from chandrad.inbox.intake import Intake
+from chandrad.inbox.watch import SettledFile
+from chandrad.output.failures import MAX_WAIT_SECONDS, Failures, advice, failure_report
 from chandrad.runtime import Runtime, now_iso
-from chandrad.stages import DocumentStages
+from chandrad.storage import folders
+from chandrad.storage.journal import Document, Journal
 from chandrad.testing import ManualClock
-from chandrad.watch import SettledFile
 from tests.reliability.chaoslib import DrawingEngine, text_png
 
 

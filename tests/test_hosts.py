@@ -22,13 +22,13 @@ from typing import Any
 import pytest
 from PIL import Image, ImageDraw
 
-from chandrad import folders
 from chandrad import hosts as hostsmod
 from chandrad.config import EngineSettings, InboxSettings, Settings
 from chandrad.errors import ConfigError, InboxUnreachableError
 from chandrad.hosts import Hosts, HostWatch, check_host_id_free, mark_seen
-from chandrad.journal import Journal
 from chandrad.runtime import INBOX_THREADS, now_iso
+from chandrad.storage import folders
+from chandrad.storage.journal import Journal
 from tests.conftest import DaemonProcess, wait_for
 
 
@@ -351,7 +351,7 @@ def test_the_seen_marker_names_the_first_document_and_the_second_finds_it(tmp_pa
 
 def test_a_name_another_host_placed_a_moment_ago_is_never_replaced_by_a_move(tmp_path):
     """The name is reserved with O_EXCL before the rename: taken, the next one is used."""
-    from chandrad.durable import reserve_name
+    from chandrad.storage.durable import reserve_name
 
     target = tmp_path / "archive" / "scan.pdf"
     target.parent.mkdir()
@@ -403,8 +403,8 @@ async def test_at_start_up_a_claim_folder_the_journal_never_recorded_is_adopted_
     """A crash between a takeover's rename and its journal commit leaves a claim folder of ours
     with its record and file: it becomes a queued document under the same id. A taker that stopped
     between its marker and its rename leaves a marker beside a claim still ours: it is removed."""
+    from chandrad.document.recovery import recover
     from chandrad.hosts import ClaimRecord, write_claim_record
-    from chandrad.recovery import recover
 
     world = recovery_world
     me = world.settings.host_id
@@ -442,7 +442,7 @@ async def test_a_stale_marker_does_not_make_recovery_forget_a_document_whose_ori
     """A taker that stopped between its marker and its rename, then our publish: outputs renamed
     into the outbox and the original moved to its archive name, and a crash before the journal
     said published. The claim is gone, but the original is at our own final_path: ours, resumed."""
-    from chandrad.recovery import recover
+    from chandrad.document.recovery import recover
 
     world = recovery_world
     ours = _publishing_with_a_marker(world, "done.pdf", b"scan", {"host_id": "host-z"})  # doc.size is 4

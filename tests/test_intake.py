@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from chandrad import folders
 from chandrad.config import EngineSettings, InboxSettings, Settings
 from chandrad.errors import DuplicateError
-from chandrad.failures import Failures
-from chandrad.intake import Intake, duplicate_of
-from chandrad.journal import Journal
+from chandrad.inbox.intake import Intake, duplicate_of
+from chandrad.inbox.watch import FileKind, SettledFile
+from chandrad.output.failures import Failures
 from chandrad.runtime import Runtime
+from chandrad.storage import folders
+from chandrad.storage.journal import Journal
 from chandrad.testing import ManualClock
-from chandrad.watch import FileKind, SettledFile
 from tests.reliability.chaoslib import DrawingEngine, text_png
 
 
@@ -168,16 +168,16 @@ async def test_a_copy_is_not_due_for_the_workers_while_its_duplicate_check_runs(
 ) -> None:
     """The retry loop hands every due queued row to a worker: a copy queued before its check ended
     was failed twice, by intake and by a worker (21 reports for 19 copies in CI, 2026-12-02)."""
-    import chandrad.intake
+    import chandrad.inbox.intake
 
     due_during_check: list[list[str]] = []
-    real_check = chandrad.intake.duplicate_of
+    real_check = chandrad.inbox.intake.duplicate_of
 
     async def check_and_look(*args: object) -> DuplicateError | None:
         due_during_check.append(world.journal.due_queued(world.runtime.clock() + 1, 3600, 100))
         return await real_check(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(chandrad.intake, "duplicate_of", check_and_look)
+    monkeypatch.setattr(chandrad.inbox.intake, "duplicate_of", check_and_look)
     data = text_png("copied while checked")
     first = await world.intake.take_in(world.settled(world.drop("first.png", data)))
     assert first is not None
@@ -240,7 +240,7 @@ async def test_a_file_replaced_between_its_hash_and_its_claim_is_journaled_with_
 ) -> None:
     """Another host's claim of the first file, then the scanner's next file under the same name,
     can come between our hash and our rename: the document is what we claimed, not what we read."""
-    import chandrad.intake as intake_module
+    import chandrad.inbox.intake as intake_module
     from chandrad import hosts, prepare
 
     first, second = text_png("the first scan"), text_png("the next scan under the same name")
@@ -279,7 +279,7 @@ async def test_a_file_replaced_between_its_hash_and_its_claim_is_journaled_with_
 async def test_a_file_replaced_by_a_link_between_its_hash_and_its_claim_fails_with_a_reason_not_a_crash(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import chandrad.intake as intake_module
+    import chandrad.inbox.intake as intake_module
 
     source = world.drop("scan.png", text_png("the first scan"))
     settled = world.settled(source)

@@ -13,7 +13,7 @@ import pytest
 import structlog.testing
 
 from chandrad.errors import ConfigError
-from chandrad.journal import STATES, Document, Journal, PageRecord
+from chandrad.storage.journal import STATES, Document, Journal, PageRecord
 from chandrad.testing import ManualClock
 
 

@@ -9,14 +9,12 @@ from pathlib import Path, PurePosixPath
 import pytest
 from PIL import Image
 
-from chandrad.publish import (
+from chandrad.output.publish import (
     PageOutput,
-    free_name,
     render_document,
-    safe_component,
-    safe_relative,
     save_page_images,
 )
+from chandrad.storage.naming import free_name, safe_component, safe_relative
 from chandrad.testing import publish_directory
 
 HTML = (

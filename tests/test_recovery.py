@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from chandrad import folders
 from chandrad.config import EngineSettings, InboxSettings, Settings
-from chandrad.journal import Document, Journal, PageRecord
-from chandrad.recovery import find_stored_name, recover, sweep_leftovers
+from chandrad.document.recovery import find_stored_name, recover, sweep_leftovers
 from chandrad.runtime import Runtime
+from chandrad.storage import folders
+from chandrad.storage.journal import Document, Journal, PageRecord
 from chandrad.testing import ManualClock
 from tests.reliability.chaoslib import DrawingEngine
 

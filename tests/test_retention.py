@@ -21,17 +21,19 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from chandrad import folders, hosts, retention
+from chandrad import hosts
 from chandrad.cli import main
 from chandrad.config import EngineSettings, InboxSettings, RetentionSettings, Settings
-from chandrad.daemon import Daemon
-from chandrad.failures import Failures
-from chandrad.intake import Intake
-from chandrad.journal import Document, Journal, NewDelivery, PageRecord
-from chandrad.retention import DAY_SECONDS, Pruner
+from chandrad.document import retention
+from chandrad.document.retention import DAY_SECONDS, Pruner
+from chandrad.inbox.intake import Intake
+from chandrad.inbox.watch import SettledFile
+from chandrad.output.failures import Failures
 from chandrad.runtime import Runtime
+from chandrad.service.daemon import Daemon
+from chandrad.storage import folders
+from chandrad.storage.journal import Document, Journal, NewDelivery, PageRecord
 from chandrad.testing import ManualClock
-from chandrad.watch import SettledFile
 from tests.reliability.chaoslib import DrawingEngine
 
 NOW = 1_900_000_000.0  # the pass's "now" in tests that set every time themselves (2030)

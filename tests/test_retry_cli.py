@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import socket
 import signal
+import socket
 import subprocess
 import sys
 from typing import Any

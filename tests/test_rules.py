@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from chandrad.cli import main
 from chandrad.config import InboxSettings, Settings, glob_matches, load_settings
 from chandrad.errors import ConfigError
-from chandrad.journal import Journal
 from chandrad.runtime import Runtime
+from chandrad.storage.journal import Journal
 from tests.conftest import wait_for
 from tests.reliability.chaoslib import DrawingEngine, simple_pdf
 from tests.test_delivery import FAST_PAGES, deliveries, documents, receivers  # noqa: F401  (a fixture)

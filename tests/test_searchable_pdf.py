@@ -25,10 +25,10 @@ import pytest
 from chandra.output import parse_chunks, parse_markdown
 from PIL import Image, ImageOps, ImageSequence
 
-from chandrad import searchable_pdf as sp
 from chandrad.config import PrepareSettings
 from chandrad.engine.base import PageRequest
 from chandrad.engine.tesseract import TesseractEngine
+from chandrad.output import searchable_pdf as sp
 from chandrad.prepare import prepare_document
 from chandrad.testing import render_pages
 from tests.conftest import corpus_file

@@ -17,18 +17,18 @@ from typing import Any
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from chandrad import folders
 from chandrad.config import EngineSettings, InboxSettings, Settings
+from chandrad.document.stages import DocumentStages, Work
 from chandrad.engine.base import Engine, PageRequest, PageResult
 from chandrad.engine.tesseract import TesseractEngine
 from chandrad.errors import PermanentError
-from chandrad.failures import Failures
-from chandrad.intake import Intake
-from chandrad.journal import Document, Journal
+from chandrad.inbox.intake import Intake
+from chandrad.inbox.watch import SettledFile
+from chandrad.output.failures import Failures
 from chandrad.runtime import Runtime
-from chandrad.stages import DocumentStages, Work
+from chandrad.storage import folders
+from chandrad.storage.journal import Document, Journal
 from chandrad.testing import ManualClock
-from chandrad.watch import SettledFile
 from tests.reliability.chaoslib import DrawingEngine, simple_pdf, text_png
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from chandrad.folders import ShareProbes
-from chandrad.stopping import LoopTasks
+from chandrad.service.stopping import LoopTasks
+from chandrad.storage.folders import ShareProbes
 from tests.conftest import REPO, DaemonProcess, corpus_file, drop, wait_for
 
 
@@ -158,7 +158,7 @@ def test_threads_blocked_for_ever_cannot_hold_the_process_past_its_stop_deadline
     script.write_text(textwrap.dedent("""
         import asyncio, threading, time
         from concurrent.futures import ThreadPoolExecutor
-        from chandrad.stopping import run_to_exit
+        from chandrad.service.stopping import run_to_exit
 
         class Stuck:
             def __init__(self):
@@ -203,7 +203,7 @@ def test_run_to_exit_leaves_its_caller_as_it_found_it(tmp_path):
     script = tmp_path / "caller.py"
     script.write_text(textwrap.dedent("""
         import signal, threading
-        from chandrad.stopping import run_to_exit
+        from chandrad.service.stopping import run_to_exit
 
         class Refused:
             async def serve(self):

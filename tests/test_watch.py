@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from chandrad.config import InboxSettings
-from chandrad.watch import IgnoreRules, InboxWatcher, SettleTracker, mount_fs_type, wants_polling
+from chandrad.inbox.watch import IgnoreRules, InboxWatcher, SettleTracker, mount_fs_type, wants_polling
 
 
 def test_a_file_settles_only_after_size_and_mtime_stay_unchanged_for_settle_seconds():
@@ -78,7 +78,7 @@ def test_polling_is_chosen_for_network_mounts_and_can_be_forced(tmp_path, monkey
     local = InboxSettings(path=tmp_path / "in")
     assert wants_polling(local) is False
     assert wants_polling(InboxSettings(path=tmp_path / "in", polling=True)) is True
-    monkeypatch.setattr("chandrad.watch.mount_fs_type", lambda path: "cifs")
+    monkeypatch.setattr("chandrad.inbox.watch.mount_fs_type", lambda path: "cifs")
     assert wants_polling(local) is True
     assert wants_polling(InboxSettings(path=tmp_path / "in", polling=False)) is False
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from chandrad.workqueue import WorkQueue
+from chandrad.service.workqueue import WorkQueue
 
 
 async def test_an_id_already_waiting_is_not_queued_a_second_time() -> None:

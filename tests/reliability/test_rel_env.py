@@ -16,12 +16,20 @@ from pathlib import Path
 import pytest
 
 from chandrad.config import EngineSettings, InboxSettings, Settings
-from chandrad.journal import Journal
-from chandrad.pipeline import Pipeline
-from chandrad.watch import SettledFile
+from chandrad.document.pipeline import Pipeline
+from chandrad.inbox.watch import SettledFile
+from chandrad.storage.journal import Journal
 from tests.reliability.chaoslib import (
-    ChaosDaemon, DrawingEngine, Expect, check_accounted, corpus_bytes, drop_bytes, record_figures, simple_pdf,
-    text_png, wait_for,
+    ChaosDaemon,
+    DrawingEngine,
+    Expect,
+    check_accounted,
+    corpus_bytes,
+    drop_bytes,
+    record_figures,
+    simple_pdf,
+    text_png,
+    wait_for,
 )
 
 
@@ -230,8 +238,8 @@ def test_duplicates_are_ordered_by_journal_insertion_not_by_a_wall_clock_that_ju
 
 
 async def test_a_retry_scheduled_before_the_clock_steps_back_an_hour_still_runs_on_time(tmp_path, monkeypatch):
-    import chandrad.daemon as daemon_module
-    from chandrad.daemon import Daemon
+    import chandrad.service.daemon as daemon_module
+    from chandrad.service.daemon import Daemon
 
     settings = Settings(state_dir=tmp_path / "state", inbox=(InboxSettings(path=tmp_path / "inbox"),),
                         retry_backoff_seconds=1, metrics_address="")
@@ -259,7 +267,7 @@ async def test_a_retry_scheduled_before_the_clock_steps_back_an_hour_still_runs_
 async def test_a_large_backlog_is_fed_to_the_workers_oldest_first_a_bounded_window_at_a_time(tmp_path):
     """With thousands of documents queued, the retry loop keeps only a few per worker in memory
     (RETRY_QUEUE_DEPTH × documents in flight) and takes the next ones as the workers take theirs."""
-    from chandrad.daemon import RETRY_QUEUE_DEPTH, Daemon
+    from chandrad.service.daemon import RETRY_QUEUE_DEPTH, Daemon
 
     settings = Settings(state_dir=tmp_path / "state", inbox=(InboxSettings(path=tmp_path / "inbox"),),
                         max_documents_in_flight=2, metrics_address="")

@@ -27,12 +27,13 @@ from pathlib import Path
 
 import pytest
 
-from chandrad import durable
 from chandrad.config import EngineSettings, InboxSettings, Settings
-from chandrad.journal import Journal
-from chandrad.pipeline import Pipeline
-from chandrad.watch import SettledFile
+from chandrad.document.pipeline import Pipeline
+from chandrad.inbox.watch import SettledFile
+from chandrad.storage import durable
+from chandrad.storage.journal import Journal
 from tests.reliability.chaoslib import DrawingEngine, record_figures, simple_pdf, text_png
+
 
 class Trace:
     def __init__(self) -> None:

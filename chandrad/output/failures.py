@@ -16,15 +16,17 @@ from typing import Any
 
 import structlog
 
-from chandrad import hosts, publish
+from chandrad import hosts
 from chandrad.backoff import backoff_seconds
 from chandrad.config import InboxSettings
-from chandrad.durable import makedirs_durably, move_durably, reserve_name, write_file_durably
 from chandrad.errors import DocumentError, WaitError
-from chandrad.journal import Document
+from chandrad.output import delivery
 from chandrad.runtime import Outcome, Runtime, now_iso
+from chandrad.storage import naming
+from chandrad.storage.durable import makedirs_durably, move_durably, reserve_name, write_file_durably
+from chandrad.storage.journal import Document
 
-log = structlog.get_logger("chandrad.failures")
+log = structlog.get_logger("chandrad.output.failures")
 
 MAX_WAIT_SECONDS = 60.0
 REPORT_SUFFIX = ".error.json"
@@ -162,8 +164,8 @@ class Failures:
                     # there (complete_after_crash); another host's file of that name stays.
                     target = await runtime.reserve_final_path(doc, inbox.failed, doc.state)
                 elif target is None:
-                    rel = publish.safe_relative(Path(doc.rel_path))
-                    target = await runtime.on_inbox(inbox.path, publish.free_name, inbox.failed / rel.parent, rel.name)
+                    rel = naming.safe_relative(Path(doc.rel_path))
+                    target = await runtime.on_inbox(inbox.path, naming.free_name, inbox.failed / rel.parent, rel.name)
                 await runtime.on_inbox(inbox.path, _write_report_and_move, report, claimed, target)
             except OSError as move_error:
                 # Queue it again (failed/ full or unwritable): left in its old state, it would
@@ -175,7 +177,7 @@ class Failures:
                 await journal.call(journal.set_state, doc.id, "queued", next_attempt_at=runtime.clock() + delay)
                 return Outcome(doc.id, "queued", reason=f"cannot write to failed/: {move_error.strerror}")
         # The deliveries (webhooks, hooks) are committed with the state, in one transaction.
-        deliveries = await runtime.deliveries(doc, inbox, "failed", entry)
+        deliveries = await delivery.planned(runtime, doc, inbox, "failed", entry)
         await journal.call(journal.fail, doc.id, entry, deliveries)
         await runtime.clear_leftovers(doc, inbox)
         await self.forget_content(doc, inbox)
@@ -192,12 +194,12 @@ class Failures:
         """The original cannot be moved (no write access to the inbox), but the reason can be
         written to failed/: without it, a person sees a file that is never processed and nothing
         saying why."""
-        rel = publish.safe_relative(Path(doc.rel_path))
+        rel = naming.safe_relative(Path(doc.rel_path))
         report = _report_bytes(failure_report(doc, inbox, entry, None))
 
         def write() -> Path:
             for _ in range(1000):
-                target = publish.free_name(inbox.failed / rel.parent, rel.name + REPORT_SUFFIX)
+                target = naming.free_name(inbox.failed / rel.parent, rel.name + REPORT_SUFFIX)
                 if reserve_name(target, named_before=False):  # another host's report keeps its name
                     write_file_durably(target, report)
                     return target
@@ -229,7 +231,7 @@ class Failures:
         if entry is None:
             return None
         journal = self.runtime.journal
-        deliveries = await self.runtime.deliveries(doc, inbox, "failed", entry)
+        deliveries = await delivery.planned(self.runtime, doc, inbox, "failed", entry)
         await journal.call(journal.fail, doc.id, entry, deliveries)
         await self.runtime.clear_leftovers(doc, inbox)
         await self.forget_content(doc, inbox)

@@ -23,19 +23,21 @@ from pathlib import Path
 import structlog
 from structlog.contextvars import bound_contextvars
 
-from chandrad import hosts, prepare, publish
+from chandrad import hosts, prepare
 from chandrad.config import InboxSettings
-from chandrad.durable import move_durably, place_copy, rename_dir_durably
+from chandrad.document.pages import PageReader, check_inbox_reachable
 from chandrad.engine import pages_in_flight
 from chandrad.errors import DiskFullError, DocumentError, PermanentError, TransientError, is_disk_full
-from chandrad.failures import Failures
-from chandrad.intake import duplicate_of
-from chandrad.journal import Document, PageRecord
-from chandrad.pages import PageReader, check_inbox_reachable
-from chandrad.publish import SearchablePdfJob
+from chandrad.inbox.intake import duplicate_of
+from chandrad.output import delivery, publish
+from chandrad.output.failures import Failures
+from chandrad.output.publish import SearchablePdfJob
 from chandrad.runtime import Outcome, Runtime
+from chandrad.storage import naming
+from chandrad.storage.durable import move_durably, place_copy, rename_dir_durably
+from chandrad.storage.journal import Document, PageRecord
 
-log = structlog.get_logger("chandrad.stages")
+log = structlog.get_logger("chandrad.document.stages")
 
 
 @dataclass
@@ -229,13 +231,13 @@ class DocumentStages:
 
     async def _rename_into_outbox(self, work: Work, stem: str) -> None:
         doc, inbox, journal = work.doc, work.inbox, self.runtime.journal
-        rel_dir = publish.safe_relative(Path(doc.rel_path)).parent
+        rel_dir = naming.safe_relative(Path(doc.rel_path)).parent
         base = inbox.outbox
         if inbox.date_prefix:
             base = base / time.strftime("%Y/%m", time.localtime(doc.created_at))
         for _ in range(100):
             target = await asyncio.to_thread(
-                lambda: publish.free_name(publish.output_folder(base, rel_dir), stem, is_dir=True)
+                lambda: naming.free_name(naming.output_folder(base, rel_dir), stem, is_dir=True)
             )
             # Named before the rename: after a crash, resume finds the outputs there (_published_by).
             work.doc = await journal.call(journal.set_state, doc.id, "publishing", output_dir=str(target))
@@ -272,7 +274,7 @@ class DocumentStages:
                     target = await runtime.reserve_final_path(doc, folder, "publishing")
                     await runtime.on_inbox(inbox.path, move_durably, claimed, target)
         # The deliveries (webhooks, hooks) are committed with the state, in one transaction.
-        deliveries = await runtime.deliveries(doc, inbox, "published")
+        deliveries = await delivery.planned(runtime, doc, inbox, "published")
         await journal.call(journal.publish, doc.id, deliveries)
         await runtime.clear_leftovers(doc, inbox)
         return Outcome(doc.id, "published", Path(doc.output_dir) if doc.output_dir else None)
@@ -284,7 +286,7 @@ class DocumentStages:
         if not await asyncio.to_thread(pdf.is_file):
             return  # the PDF could not be made: the JSON says why
         try:
-            placed = await asyncio.to_thread(place_copy, pdf, pdf_to, pdf.name, publish.free_name)
+            placed = await asyncio.to_thread(place_copy, pdf, pdf_to, pdf.name, naming.free_name)
         except OSError as error:
             if is_disk_full(error):
                 raise DiskFullError(f"pdf_to {pdf_to}: the disk is full", stage="publish") from None
@@ -296,7 +298,7 @@ class DocumentStages:
 
 def _output_stem(doc: Document) -> str:
     """The name of a document's output folder and files (``report`` for ``report.pdf``)."""
-    return publish.safe_component(Path(doc.rel_path).stem)
+    return naming.safe_component(Path(doc.rel_path).stem)
 
 
 def _page_output(page: PageRecord) -> publish.PageOutput:

@@ -15,15 +15,16 @@ from pathlib import Path
 import structlog
 from structlog.contextvars import bound_contextvars
 
-from chandrad import prepare, publish, searchable_pdf
+from chandrad import prepare
 from chandrad.config import InboxSettings
 from chandrad.engine.base import PageRequest
 from chandrad.errors import DocumentError, InboxUnreachableError, PermanentError, TransientError
-from chandrad.folders import inbox_reachable
-from chandrad.journal import Document, PageRecord
+from chandrad.output import publish, searchable_pdf
 from chandrad.runtime import Runtime
+from chandrad.storage.folders import inbox_reachable
+from chandrad.storage.journal import Document, PageRecord
 
-log = structlog.get_logger("chandrad.pages")
+log = structlog.get_logger("chandrad.document.pages")
 
 
 def check_inbox_reachable(inbox: InboxSettings) -> None:

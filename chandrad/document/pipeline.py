@@ -13,15 +13,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from chandrad import recovery
 from chandrad.config import Settings
+from chandrad.document import recovery
+from chandrad.document.stages import DocumentStages
 from chandrad.engine.base import Engine
-from chandrad.failures import Failures
-from chandrad.intake import Intake
-from chandrad.journal import Document, Journal
+from chandrad.inbox.intake import Intake
+from chandrad.inbox.watch import SettledFile
+from chandrad.output.failures import Failures
 from chandrad.runtime import Outcome, Runtime
-from chandrad.stages import DocumentStages
-from chandrad.watch import SettledFile
+from chandrad.storage.journal import Document, Journal
 
 __all__ = ["Outcome", "Pipeline"]
 

@@ -33,13 +33,13 @@ from pathlib import Path
 
 import structlog
 
-from chandrad import folders
 from chandrad.config import Settings
 from chandrad.errors import InboxUnreachableError
 from chandrad.hosts import MarkerSweep
 from chandrad.runtime import Runtime
+from chandrad.storage import folders
 
-log = structlog.get_logger("chandrad.retention")
+log = structlog.get_logger("chandrad.document.retention")
 
 DAY_SECONDS = 86_400.0
 # The first pass, this long after the start: recovery, the first heartbeats and the start-up scan's

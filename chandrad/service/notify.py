@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import structlog
 
-log = structlog.get_logger("chandrad.notify")
+log = structlog.get_logger("chandrad.service.notify")
 
 
 class Notifier:

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import structlog
 
-log = structlog.get_logger("chandrad.stopping")
+log = structlog.get_logger("chandrad.service.stopping")
 
 # How long a cancelled task gets before it is cancelled again (and named in the log).
 RECANCEL_SECONDS = 1.0

@@ -23,25 +23,25 @@ import structlog
 
 from chandrad.backoff import backoff_seconds
 from chandrad.config import Settings, load_settings, prepare_folders
-from chandrad.delivery import Deliverer
+from chandrad.document.pipeline import Pipeline
+from chandrad.document.retention import Pruner
 from chandrad.engine import Engine, create_engine, loads_model_files, pages_in_flight
 from chandrad.engine.processes import end_engines_left_behind
 from chandrad.errors import ConfigError
 from chandrad.hosts import Hosts, check_host_id_free
-from chandrad.intake import CONCURRENT_INTAKES
-from chandrad.journal import Journal
+from chandrad.inbox.intake import CONCURRENT_INTAKES
+from chandrad.inbox.watch import InboxWatcher, SettledFile
 from chandrad.metrics import Metrics, ObservedEngine
 from chandrad.modelfiles import FetchProgress, fetch_model_async, is_hub_id, process_hub_cache
-from chandrad.notify import Notifier
-from chandrad.pipeline import Pipeline
-from chandrad.retention import Pruner
-from chandrad.stopping import EXIT_RESERVE_SECONDS, Backstop, LoopTasks, where_it_waits
-from chandrad.watch import InboxWatcher, SettledFile
-from chandrad.workqueue import WorkQueue
+from chandrad.output.delivery import Deliverer
+from chandrad.service.notify import Notifier
+from chandrad.service.stopping import EXIT_RESERVE_SECONDS, Backstop, LoopTasks, where_it_waits
+from chandrad.service.workqueue import WorkQueue
+from chandrad.storage.journal import Journal
 
 T = TypeVar("T")
 
-log = structlog.get_logger("chandrad.daemon")
+log = structlog.get_logger("chandrad.service.daemon")
 
 # Settled files waiting for intake; when full, watchers wait (backpressure) instead of piling up.
 INTAKE_QUEUE_SIZE = 256

@@ -32,9 +32,9 @@ from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
 from chandrad.config import InboxSettings
-from chandrad.folders import DAEMON_DIR, in_thread
+from chandrad.storage.folders import DAEMON_DIR, in_thread
 
-log = structlog.get_logger("chandrad.watch")
+log = structlog.get_logger("chandrad.inbox.watch")
 
 # Junk that operating systems, office suites, sync tools and browsers leave in shared folders,
 # and names that mean "still being written".

@@ -5,7 +5,7 @@ and what must be retried: nothing of that lives in memory alone, so a crash or `
 nothing. Each state transition is one commit. Calls are blocking: the daemon runs them in a
 thread (``Journal.call``), never on the event loop.
 
-Final documents are remembered for ``retention.days`` (``prune``, driven by ``chandrad.retention``):
+Final documents are remembered for ``retention.days`` (``prune``, driven by ``chandrad.document.retention``):
 then their rows, page rows and delivery rows go, in batches, each one transaction.
 
 A document's life: seen → settled → queued → preparing → inferring → publishing → published | failed.
@@ -30,7 +30,7 @@ import structlog
 
 from chandrad.errors import ConfigError
 
-log = structlog.get_logger("chandrad.journal")
+log = structlog.get_logger("chandrad.storage.journal")
 
 # SQLite's primary result codes that time can clear and that leave the database unchanged (the
 # statement was rolled back): BUSY, another process holds the write lock for longer than the busy

@@ -33,10 +33,11 @@ import structlog
 from chandrad import __version__
 from chandrad.backoff import backoff_seconds
 from chandrad.config import HookSettings, InboxSettings, Settings, WebhookSettings
-from chandrad.journal import Delivery, Document, Journal, NewDelivery
 from chandrad.metrics import Metrics
+from chandrad.runtime import Runtime
+from chandrad.storage.journal import Delivery, Document, Journal, NewDelivery
 
-log = structlog.get_logger("chandrad.delivery")
+log = structlog.get_logger("chandrad.output.delivery")
 
 SIGNATURE_HEADER = "X-Chandrad-Signature"
 POLL_SECONDS = 1.0  # new deliveries are looked for this often (and whenever an attempt ends)
@@ -166,6 +167,26 @@ def plan(
     return [NewDelivery("webhook", w.name, event, payload) for w in webhooks] + [
         NewDelivery("hook", h.name, event, environment) for h in hooks
     ]
+
+
+async def planned(
+    runtime: Runtime, doc: Document, inbox: InboxSettings, event: str, entry: dict[str, Any] | None = None
+) -> list[NewDelivery]:
+    """The webhooks and hooks ``doc`` gets for its final state ``event`` ("published",
+    "failed"; ``entry`` says why it failed), to be committed with that state. ``chandrad
+    once`` (originals not moved) has no delivery task: nothing is planned for it."""
+    if not runtime.move_originals:
+        return []
+    webhooks, hooks = targets(runtime.settings, inbox, event)
+    if not webhooks and not hooks:
+        return []
+    journal = runtime.journal
+    current = await journal.call(journal.get, doc.id)  # output_dir and final_path as committed
+    files = await asyncio.to_thread(output_files, inbox.outbox, current.output_dir) if event == "published" else []
+    described = body(
+        current, inbox, event, entry, files, engine=runtime.engine.name, model=runtime.engine.model, now=runtime.clock()
+    )
+    return plan(webhooks, hooks, described, inbox)
 
 
 # -- sending ---------------------------------------------------------------------------------------

@@ -21,15 +21,16 @@ from typing import Any, TypeVar
 
 import structlog
 
-from chandrad import folders, hosts
-from chandrad.durable import move_durably
+from chandrad import hosts
 from chandrad.errors import InboxUnreachableError
-from chandrad.journal import FINAL_STATES, Document, storable
 from chandrad.runtime import Runtime, remove_claim_folder
+from chandrad.storage import folders
+from chandrad.storage.durable import move_durably
+from chandrad.storage.journal import FINAL_STATES, Document, storable
 
 T = TypeVar("T")
 
-log = structlog.get_logger("chandrad.recovery")
+log = structlog.get_logger("chandrad.document.recovery")
 
 
 async def recover(runtime: Runtime) -> list[str]:

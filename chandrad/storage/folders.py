@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from chandrad.errors import InboxUnreachableError
-from chandrad.publish import safe_component
+from chandrad.storage.naming import safe_component
 
 T = TypeVar("T")
 

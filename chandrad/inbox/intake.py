@@ -19,16 +19,18 @@ from typing import Any
 
 import structlog
 
-from chandrad import folders, hosts, prepare
+from chandrad import hosts, prepare
 from chandrad.config import InboxSettings
-from chandrad.durable import move_durably
 from chandrad.errors import DocumentError, DuplicateError, PermanentError
-from chandrad.failures import Failures
-from chandrad.journal import Document
+from chandrad.inbox.watch import SettledFile
+from chandrad.output import delivery
+from chandrad.output.failures import Failures
 from chandrad.runtime import Runtime, now_iso, remove_claim_folder
-from chandrad.watch import SettledFile
+from chandrad.storage import folders
+from chandrad.storage.durable import move_durably
+from chandrad.storage.journal import Document
 
-log = structlog.get_logger("chandrad.intake")
+log = structlog.get_logger("chandrad.inbox.intake")
 
 # Files taken in at once (the daemon's intake loops). Their file work runs on the runtime's inbox
 # threads, not behind page renders (runtime.INBOX_THREADS says why).
@@ -201,7 +203,7 @@ class Intake:
             }
             await self.failures.report_only(doc, inbox, entry)
             # Failed like any other document: its webhooks and hooks are told, in the same commit.
-            deliveries = await self.runtime.deliveries(doc, self.runtime.inbox_of(doc), "failed", entry)
+            deliveries = await delivery.planned(self.runtime, doc, self.runtime.inbox_of(doc), "failed", entry)
             await journal.call(journal.fail, doc.id, entry, deliveries)
             return None
         journaled: dict[str, Any] = {"claimed_path": str(claimed)}
