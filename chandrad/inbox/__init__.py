@@ -1,0 +1,1 @@
+"""Files arriving: the watcher (settled files) and intake (journaled, claimed, checked for copies)."""

@@ -1,0 +1,2 @@
+"""Where a document ends: its outputs (publish, the searchable PDF), failed/ (failures), and the
+webhooks and hooks told of it (delivery)."""
