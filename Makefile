@@ -41,14 +41,25 @@ TEST_WORKERS ?= 2
 # time: in a process of its own, so that what earlier tests left in pytest's heap cannot lengthen
 # its garbage collections (a 145 ms callback right after test_rel_load, 2026-12-02).
 LOOP_TEST = tests/test_event_loop.py
+# Each pytest run has a limit of its own (seconds; the whole suite takes ~25 min on CI's two
+# cores): pytest-timeout ends a test that hangs, but not a hang outside a test (a worker's
+# teardown, the controller waiting on a worker). At the limit pytest gets SIGINT, which makes it
+# print its summary (what failed, which test a crashed worker was running), then SIGKILL a
+# minute later; 124 is timeout(1)'s exit status for it. -rfEx: a crashed worker is named there.
+SUITE_LIMIT ?= 2700
+ALONE_LIMIT ?= 900
+BOUNDED = HF_HUB_OFFLINE=1 timeout --signal=INT --kill-after=60
 test: setup-test lint
 	@rc=0; \
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) -m "not soak and not alone" tests || rc=$$?; \
+	$(BOUNDED) $(SUITE_LIMIT) $(PY) -m pytest -rfEx -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) -m "not soak and not alone" tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests: that is a failure" >&2; fi; \
-	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS) -m "alone and not soak" --ignore=$(LOOP_TEST) tests || rc2=$$?; \
+	if [ $$rc -eq 124 ]; then echo "make test: the suite ran past $(SUITE_LIMIT) s and was stopped: that is a failure" >&2; fi; \
+	$(BOUNDED) $(ALONE_LIMIT) $(PY) -m pytest -rfEx $(PYTEST_ARGS) -m "alone and not soak" --ignore=$(LOOP_TEST) tests || rc2=$$?; \
 	if [ "$${rc2:-0}" -eq 5 ]; then echo "make test: pytest collected no 'alone' tests: that is a failure" >&2; fi; \
-	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS) -m "alone and not soak" $(LOOP_TEST) || rc3=$$?; \
+	if [ "$${rc2:-0}" -eq 124 ]; then echo "make test: the 'alone' tests ran past $(ALONE_LIMIT) s and were stopped" >&2; fi; \
+	$(BOUNDED) $(ALONE_LIMIT) $(PY) -m pytest -rfEx $(PYTEST_ARGS) -m "alone and not soak" $(LOOP_TEST) || rc3=$$?; \
 	if [ "$${rc3:-0}" -eq 5 ]; then echo "make test: pytest collected no test in $(LOOP_TEST): that is a failure" >&2; fi; \
+	if [ "$${rc3:-0}" -eq 124 ]; then echo "make test: $(LOOP_TEST) ran past $(ALONE_LIMIT) s and was stopped" >&2; fi; \
 	if [ $$rc -eq 0 ]; then rc=$${rc2:-0}; fi; if [ $$rc -eq 0 ]; then rc=$${rc3:-0}; fi; exit $$rc
 
 # A soak runs for many minutes by design (the kill after every fsync of a document's life is

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 from pathlib import Path
 
 from click.testing import CliRunner, Result
@@ -133,3 +135,16 @@ def test_run_exits_two_when_a_folder_cannot_be_created(tmp_path):
     result = chandrad("run", "--config", str(config))
     assert result.exit_code == EXIT_CONFIG
     assert "cannot create folder" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_run_whose_start_was_refused_leaves_its_caller_running_and_its_signals_as_they_were(tmp_path):
+    # In this process, as CliRunner runs it: the stop that follows a refused start armed the
+    # backstop, and it used to end this very process (a pytest worker) stop_timeout_seconds later.
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    config = write_config(tmp_path, f'state_dir = "{tmp_path}/state"\n[[inbox]]\npath = "{blocker}/inbox"\n')
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    assert chandrad("run", "--config", str(config)).exit_code == EXIT_CONFIG
+    armed = [thread.name for thread in threading.enumerate() if thread.name == "stop-backstop"]
+    assert armed == [], "a backstop is still armed to end this process"
+    assert {signum: signal.getsignal(signum) for signum in handlers} == handlers

@@ -217,6 +217,10 @@ class Daemon:
             return None
         return self._stop_began + self.settings.stop_timeout_seconds
 
+    def disarm_backstop(self) -> None:
+        if self._backstop is not None:
+            self._backstop.disarm()
+
     def _begin_stop(self) -> float:
         if self._stop_began is None:
             self._stop_began = time.monotonic()

@@ -152,6 +152,7 @@ class Backstop:
     def disarm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+            self._timer.join(1.0)  # it wakes at once to end: gone when this returns
 
 
 def _force_exit(seconds: float) -> None:
@@ -178,6 +179,10 @@ class Stoppable(Protocol):
         """When (``time.monotonic``) the process must have ended, once a stop began; else None."""
         ...
 
+    def disarm_backstop(self) -> None:
+        """Nothing may end the process at the stop's deadline any more (its caller goes on)."""
+        ...
+
 
 def run_to_exit(daemon: Stoppable) -> int:
     """``asyncio.run(daemon.serve())`` with every wait of its clean-up bounded: tasks left running are
@@ -195,37 +200,53 @@ def run_to_exit(daemon: Stoppable) -> int:
     loop.set_default_executor(default_threads)
     asyncio.set_event_loop(loop)
     try:
-        code = loop.run_until_complete(daemon.serve())
-    finally:
-        deadline = daemon.exit_deadline() or time.monotonic() + DEFAULT_JOIN_SECONDS
         try:
-            _cancel_left_behind(loop, deadline - EXIT_RESERVE_SECONDS / 2)
-            with contextlib.suppress(Exception):
-                loop.run_until_complete(_bounded(loop.shutdown_asyncgens(), 1.0))
+            code = loop.run_until_complete(daemon.serve())
         finally:
-            asyncio.set_event_loop(None)
-            loop.close()
-            # The stop is under way: a second SIGTERM (or ^C) now would end the process with the
-            # signal instead of its status, halfway through the threads' join.
-            for signum in STOP_SIGNALS:
-                signal.signal(signum, signal.SIG_IGN)
-            default_threads.shutdown(wait=False, cancel_futures=True)
-    # Threads that were let go of end within moments; one still running after that is stuck (on a
-    # share), and waiting for it to the deadline would only hand the exit to the backstop.
-    stuck = _join_threads(
-        min(deadline - EXIT_RESERVE_SECONDS / 4, time.monotonic() + THREADS_END_SECONDS), threads_before
-    )
-    if stuck:
-        log.error(
-            "threads still blocked at exit (a share that stopped answering?); ending the process without them",
-            threads=stuck,
+            deadline = daemon.exit_deadline() or time.monotonic() + DEFAULT_JOIN_SECONDS
+            try:
+                _cancel_left_behind(loop, deadline - EXIT_RESERVE_SECONDS / 2)
+                with contextlib.suppress(Exception):
+                    loop.run_until_complete(_bounded(loop.shutdown_asyncgens(), 1.0))
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
+                # The stop is under way: a second SIGTERM (or ^C) now would end the process with the
+                # signal instead of its status, halfway through the threads' join.
+                for signum in STOP_SIGNALS:
+                    signal.signal(signum, signal.SIG_IGN)
+                default_threads.shutdown(wait=False, cancel_futures=True)
+        # Threads that were let go of end within moments; one still running after that is stuck (on
+        # a share), and waiting for it to the deadline would only hand the exit to the backstop.
+        stuck = _join_threads(
+            min(deadline - EXIT_RESERVE_SECONDS / 4, time.monotonic() + THREADS_END_SECONDS), threads_before
         )
-        _flush_and_exit(code)
+        if stuck:
+            log.error(
+                "threads still blocked at exit (a share that stopped answering?); ending the process without them",
+                threads=stuck,
+            )
+            _flush_and_exit(code)
+    except BaseException:
+        # The start was refused (a ConfigError) or the daemon failed: the caller reports it and
+        # decides what comes next, so the backstop the stop armed must not end its process at the
+        # deadline (a test runner's worker, half a minute after an in-process `chandrad run` that
+        # could not create a folder, 2026-12-04).
+        daemon.disarm_backstop()
+        _give_back(handlers_before)
+        raise
+    # A stop that ran its course keeps the backstop armed: the promise is that the process ends
+    # within stop_timeout_seconds, and the interpreter's own exit (atexit, a child's join) is part
+    # of it. A caller that means to go on disarms it (``disarm_backstop``).
+    _give_back(handlers_before)
+    return code
+
+
+def _give_back(handlers: dict[signal.Signals, Any]) -> None:
     # Ignored signals are inherited by every program started later (an exec keeps SIG_IGN): a
     # caller that goes on after us must get its own handlers back.
-    for signum, handler in handlers_before.items():
+    for signum, handler in handlers.items():
         signal.signal(signum, handler)
-    return code
 
 
 async def _bounded(work: Coroutine[Any, Any, Any], seconds: float) -> None:
