@@ -503,3 +503,99 @@ def test_segmented_words_land_in_tesseract_boxes(corpus):
         for (_, p), (_, t) in zip(placed, truth, strict=True)
     )
     assert inside / len(truth) >= 0.9
+
+
+# -- image inputs kept as they are (img2pdf) ---------------------------------------------------------------
+
+
+def _fax_scan() -> Image.Image:
+    """ccitt.pdf's page, a 2550 × 3300 CCITT G4 fax image, as the bilevel frame a scanner writes."""
+    with pikepdf.open(corpus_file("ccitt.pdf")) as source:
+        (raw,) = source.pages[0].get_images().values()
+        return pikepdf.PdfImage(raw).as_pil_image().convert("1")
+
+
+def _one_text_block(width: int, height: int) -> sp.PageLayer:
+    return sp.PageLayer(width, height, [{"label": "Text", "bbox": [100, 100, 900, 140], "content": "<p>fax page</p>"}])
+
+
+def _frame_pixels(path: Path) -> list[np.ndarray]:
+    with Image.open(path) as opened:
+        return [np.asarray(frame.convert("L")) for frame in ImageSequence.Iterator(opened)]
+
+
+@pytest.mark.parametrize("frames", [1, 3], ids=["big-scan", "multi-page"])
+def test_a_g4_tiff_keeps_its_fax_data_and_renders_pixel_for_pixel(frames, tmp_path):
+    """A G4 TIFF's frames are embedded as their own CCITT data (they used to be decoded and stored
+    as Flate, several times the scan's size): the PDF is at most 1.1× the TIFF plus the text layer,
+    each page's image is the frame's very pixels, and pdftoppm renders the page as it renders the
+    same image in ccitt.pdf."""
+    _need("pdftoppm")
+    scan = _fax_scan()
+    pages = [scan, scan.rotate(90, expand=True), scan.crop((0, 0, 2550, 1650))][:frames]
+    tiff = tmp_path / "scan.tiff"
+    pages[0].save(tiff, compression="group4", dpi=(300, 300), save_all=True, append_images=pages[1:])
+    out = tmp_path / "scan.pdf"
+    report = sp.build_searchable_pdf(
+        tiff, "image", [_one_text_block(*page.size) for page in pages], out, pdfa=True, replace_text=False
+    )
+    assert report.text_pages == list(range(1, frames + 1)) and report.pdfa
+    text_layer_and_pdfa = 20_000 * frames  # font, ICC profile, XMP, the words (~8 kB measured)
+    assert out.stat().st_size <= tiff.stat().st_size * 1.1 + text_layer_and_pdfa, (out.stat().st_size, tiff.stat())
+    expected = _frame_pixels(tiff)
+    with pikepdf.open(out) as pdf:
+        for number, (page, pixels) in enumerate(zip(pdf.pages, expected, strict=True), start=1):
+            (raw,) = page.get_images().values()
+            filters = pikepdf.PdfImage(raw).filters
+            assert filters == ["/CCITTFaxDecode"], f"page {number} was re-encoded ({filters})"
+            embedded = np.asarray(pikepdf.PdfImage(raw).as_pil_image().convert("L"))
+            assert (embedded == pixels).all(), f"page {number}: pixels changed"
+    # No renderer draws a 1:1 bilevel image pixel for pixel (pdftoppm differs from ccitt.pdf's own
+    # image in ~2 % of pixels): the scan's page renders exactly as ccitt.pdf's page does, and each
+    # other page differs from its frame no more than that.
+    rendered = _renders(out, 300, tmp_path, "page")
+    (reference,) = _renders(corpus_file("ccitt.pdf"), 300, tmp_path, "ccitt")
+    assert (rendered[0] == reference).all(), "the scan's page renders differently from ccitt.pdf's"
+    renderers_own = (rendered[0][:, :, 0] != expected[0]).mean()
+    for number, (page, pixels) in enumerate(zip(rendered, expected, strict=True), start=1):
+        assert page.shape[:2] == pixels.shape, f"page {number}"
+        assert (page[:, :, 0] != pixels).mean() <= renderers_own + 0.005, f"page {number}: the render differs"
+
+
+def test_a_png_with_alpha_keeps_it_as_a_soft_mask(tmp_path):
+    """The colour as stored, and the alpha channel as the image's /SMask, each exactly (the alpha
+    used to be dropped: a logo on transparency became a logo on black or white)."""
+    with Image.open(corpus_file("simple-no-dpi.png")) as opened:
+        colour = opened.convert("RGB")
+    alpha = Image.linear_gradient("L").resize(colour.size)
+    rgba = colour.copy()
+    rgba.putalpha(alpha)
+    source = tmp_path / "logo.png"
+    rgba.save(source)
+    out = tmp_path / "logo.pdf"
+    sp.build_searchable_pdf(source, "image", [_one_text_block(*rgba.size)], out, pdfa=True, replace_text=False)
+    with pikepdf.open(out) as pdf:
+        (raw,) = pdf.pages[0].get_images().values()
+        assert "/SMask" in raw, "the alpha channel was dropped"
+        kept_alpha = np.asarray(pikepdf.PdfImage(raw.SMask).as_pil_image().convert("L"))
+        kept_colour = np.asarray(pikepdf.PdfImage(raw).as_pil_image().convert("RGB"))
+    assert (kept_alpha == np.asarray(alpha)).all()
+    assert (kept_colour == np.asarray(colour)).all()
+
+
+def test_a_jpeg_keeps_its_own_bytes_and_its_exif_turn_becomes_the_pages_rotate(tmp_path):
+    with Image.open(corpus_file("simple-no-dpi.png")) as opened:
+        stored = opened.convert("RGB")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored turned: shown upright after a quarter turn clockwise
+    source = tmp_path / "phone.jpg"
+    stored.save(source, quality=90, exif=exif, dpi=(200, 200))
+    out = tmp_path / "phone.pdf"
+    upright = (stored.height, stored.width)  # as prepare shows it to the model
+    sp.build_searchable_pdf(source, "image", [_one_text_block(*upright)], out, pdfa=False, replace_text=False)
+    with pikepdf.open(out) as pdf:
+        page = pdf.pages[0]
+        (raw,) = page.get_images().values()
+        assert pikepdf.PdfImage(raw).filters == ["/DCTDecode"] and raw.read_raw_bytes() == source.read_bytes()
+        assert int(page.obj.get("/Rotate", 0)) % 360 == 90
+        assert float(page.mediabox[2]) == pytest.approx(stored.width * 72 / 200, abs=0.01)

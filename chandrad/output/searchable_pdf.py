@@ -16,7 +16,8 @@ image and font as it is; each page gets one more content stream (the original on
 ``q``/``Q``) that draws the text in render mode 3 with a glyphless font (one empty glyph, 0.5 em
 wide, embedded: the PDF/A rule), each word's string scaled horizontally to its box, a space
 glyph spanning each gap so that extraction sees the word breaks. Image inputs become one page
-per frame, the image embedded without loss (a PNG's own compressed data, a JPEG's own bytes). The
+per frame through img2pdf, each image without loss (a JPEG's own bytes, a PNG's own compressed
+data, a G4 TIFF frame's own fax data, alpha as a soft mask), upright by ``/Rotate``. The
 mapping from image pixels to user space goes through the page's CropBox within its MediaBox (what
 PDFium, prepare's renderer, draws), their offsets and ``/Rotate``; ``/UserUnit`` scales both
 alike, so proportions suffice.
@@ -34,12 +35,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
+import img2pdf  # type: ignore[import-untyped]  # img2pdf ships no type hints
 import numpy as np
 import pikepdf
 from bs4 import BeautifulSoup, Tag
 from pikepdf import Array, Dictionary, Matrix, Name, Pdf
 from pikepdf.canvas import ContentStreamBuilder
-from PIL import Image, ImageCms, ImageSequence
+from PIL import Image, ImageCms, ImageOps, ImageSequence
 
 __all__ = [
     "BlockLines",
@@ -1069,172 +1071,72 @@ def _make_pdfa(pdf: Pdf) -> None:
 
 # -- image inputs --------------------------------------------------------------------------------------------
 
+DEFAULT_IMAGE_DPI = 300.0  # a frame that states none (or less than 10): a scan's usual resolution
 
-@dataclass(frozen=True)
-class _Embedded:
-    image: pikepdf.Object
-    width_pt: float
-    height_pt: float
-    matrix: tuple[float, float, float, float, float, float]  # cm that draws it upright on the page
+# EXIF orientations that mirror the image: img2pdf turns pages by /Rotate, which cannot mirror.
+_MIRRORED = frozenset({2, 4, 5, 7})
 
 
-# EXIF orientation → the upright position (u', v') of the stored image's normalised point (u, v).
-_ORIENT: dict[int, Any] = {
-    1: lambda u, v: (u, v),
-    2: lambda u, v: (1 - u, v),
-    3: lambda u, v: (1 - u, 1 - v),
-    4: lambda u, v: (u, 1 - v),
-    5: lambda u, v: (v, u),
-    6: lambda u, v: (1 - v, u),
-    7: lambda u, v: (1 - v, 1 - u),
-    8: lambda u, v: (v, 1 - u),
-}
-
-
-def _placement(orientation: int, width_pt: float, height_pt: float) -> tuple[float, float, float, float, float, float]:
-    """The cm that maps the image's unit square (stored orientation) onto the upright page."""
-    turn = _ORIENT.get(orientation, _ORIENT[1])
-
-    def to_page(s: float, t: float) -> tuple[float, float]:
-        u, v = turn(s, 1 - t)
-        return u * width_pt, (1 - v) * height_pt
-
-    ox, oy = to_page(0, 0)
-    ax, ay = to_page(1, 0)
-    bx, by = to_page(0, 1)
-    return (ax - ox, ay - oy, bx - ox, by - oy, ox, oy)
-
-
-def _png_parts(data: bytes) -> tuple[dict[str, int], bytes, bytes, bytes | None] | None:
-    """IHDR fields, the PLTE and the joined IDAT data of a PNG, or None if it is not a plain PNG."""
-    if not data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return None
-    position, header, palette, idat, icc = 8, None, b"", [], None
-    while position + 8 <= len(data):
-        length, kind = struct.unpack(">I4s", data[position : position + 8])
-        body = data[position + 8 : position + 8 + length]
-        if kind == b"IHDR":
-            width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", body)
-            header = {"width": width, "height": height, "depth": depth, "colour": colour, "interlace": interlace}
-        elif kind == b"PLTE":
-            palette = body
-        elif kind == b"IDAT":
-            idat.append(body)
-        elif kind == b"iCCP":
-            name_end = body.index(b"\0")
-            icc = zlib.decompress(body[name_end + 2 :])
-        elif kind == b"IEND":
-            break
-        position += 12 + length
-    if header is None or not idat:
-        return None
-    return header, palette, b"".join(idat), icc
-
-
-def _png_image(pdf: Pdf, data: bytes) -> tuple[pikepdf.Object, int, int] | None:
-    """A PNG as an image XObject with its own compressed data (Flate + PNG predictors), or None."""
-    parts = _png_parts(data)
-    if parts is None:
-        return None
-    header, palette, idat, icc = parts
-    colour, depth = header["colour"], header["depth"]
-    if header["interlace"] or colour not in (0, 2, 3) or (colour == 3 and not palette):
-        return None
-    components = {0: 1, 2: 3, 3: 1}[colour]
-    space: Any
-    if colour == 3:
-        space = Array([Name.Indexed, Name.DeviceRGB, len(palette) // 3 - 1, pikepdf.String(palette)])
-    elif icc is not None:
-        space = Array([Name.ICCBased, pdf.make_stream(icc, N=components)])
-    else:
-        space = Name.DeviceGray if colour == 0 else Name.DeviceRGB
-    stream = pdf.make_stream(
-        idat,
-        Type=Name.XObject,
-        Subtype=Name.Image,
-        Width=header["width"],
-        Height=header["height"],
-        ColorSpace=space,
-        BitsPerComponent=depth,
-        Filter=Name.FlateDecode,
-        DecodeParms=Dictionary(Predictor=15, Colors=components, BitsPerComponent=depth, Columns=header["width"]),
-    )
-    return stream, header["width"], header["height"]
-
-
-def _frame_image(pdf: Pdf, frame: Image.Image) -> pikepdf.Object:
-    """A decoded frame, losslessly: as PNG data (Flate with predictors) or, for CMYK, plain Flate."""
-    if frame.mode == "CMYK":
-        return pdf.make_stream(
-            zlib.compress(frame.tobytes(), 6),
-            Type=Name.XObject,
-            Subtype=Name.Image,
-            Width=frame.width,
-            Height=frame.height,
-            ColorSpace=Name.DeviceCMYK,
-            BitsPerComponent=8,
-            Filter=Name.FlateDecode,
-        )
-    if frame.mode not in ("1", "L", "P", "RGB"):
-        frame = frame.convert("L" if frame.mode in ("LA", "I", "I;16", "F") else "RGB")
-    buffer = io.BytesIO()
-    frame.save(buffer, format="PNG", compress_level=6)
-    made = _png_image(pdf, buffer.getvalue())
-    assert made is not None  # Pillow writes plain PNGs for these modes
-    return made[0]
-
-
-def _embed_frames(pdf: Pdf, source: Path) -> list[_Embedded]:
-    """One embedded image per frame of ``source``, each without loss, placed upright at its own DPI."""
-    data = source.read_bytes()
-    out: list[_Embedded] = []
-    with Image.open(io.BytesIO(data)) as opened:
-        frames = ImageSequence.Iterator(opened) if opened.format == "TIFF" else iter([opened])
+def _frame_facts(source: Path) -> tuple[list[float], bool, bool]:
+    """Each frame's DPI (the page size: pixels at this DPI), whether a frame is mirrored by its
+    EXIF orientation, and whether the file has frames beyond its first that are pages (TIFF only:
+    prepare reads a GIF's or an MPO's first frame alone)."""
+    dpis, mirrored = [], False
+    with Image.open(source) as opened:
+        paged = opened.format == "TIFF"
+        frames = ImageSequence.Iterator(opened) if paged else iter([opened])
         for frame in frames:
-            dpi_info = frame.info.get("dpi")
-            dpi = float(dpi_info[0]) if isinstance(dpi_info, tuple) and dpi_info[0] else 300.0
-            dpi = dpi if dpi >= 10 else 300.0
-            orientation = int(frame.getexif().get(0x0112, 1) or 1)
-            if opened.format in ("JPEG", "MPO"):
-                image = _jpeg_image(pdf, data, frame)
-                width, height = frame.size
-            else:
-                made = _png_image(pdf, data) if opened.format == "PNG" else None
-                if made is not None:
-                    image, width, height = made
-                else:
-                    image = _frame_image(pdf, frame.copy())
-                    width, height = frame.size
-            width_pt, height_pt = width * 72.0 / dpi, height * 72.0 / dpi
-            if orientation in (5, 6, 7, 8):
-                width_pt, height_pt = height_pt, width_pt
-            out.append(_Embedded(image, width_pt, height_pt, _placement(orientation, width_pt, height_pt)))
-    return out
+            stated = frame.info.get("dpi")
+            dpi = float(stated[0]) if isinstance(stated, tuple) and stated[0] else DEFAULT_IMAGE_DPI
+            dpis.append(dpi if dpi >= 10 else DEFAULT_IMAGE_DPI)
+            mirrored = mirrored or int(frame.getexif().get(0x0112, 1) or 1) in _MIRRORED
+    return dpis, mirrored, paged
 
 
-def _jpeg_image(pdf: Pdf, data: bytes, frame: Image.Image) -> pikepdf.Object:
-    """A JPEG as the same bytes (DCTDecode)."""
-    components = {"L": 1, "RGB": 3, "CMYK": 4}.get(frame.mode, 3)
-    icc = frame.info.get("icc_profile")
-    space: Any
-    if icc:
-        space = Array([Name.ICCBased, pdf.make_stream(icc, N=components)])
-    else:
-        space = {1: Name.DeviceGray, 3: Name.DeviceRGB, 4: Name.DeviceCMYK}[components]
-    extra: dict[str, Any] = {}
-    if components == 4 and "adobe" in frame.info:
-        extra["Decode"] = Array([1, 0] * 4)  # Adobe's CMYK JPEGs are stored inverted
-    return pdf.make_stream(
-        data,
-        Type=Name.XObject,
-        Subtype=Name.Image,
-        Width=frame.width,
-        Height=frame.height,
-        ColorSpace=space,
-        BitsPerComponent=8,
-        Filter=Name.DCTDecode,
-        **extra,
-    )
+def _upright_pngs(source: Path, paged: bool) -> list[bytes]:
+    """Each frame turned upright by Pillow and stored as PNG (lossless; alpha kept): for what img2pdf
+    refuses as it is (a palette with transparency, a mirroring EXIF orientation)."""
+    pngs = []
+    with Image.open(source) as opened:
+        for frame in ImageSequence.Iterator(opened) if paged else iter([opened]):
+            upright = ImageOps.exif_transpose(frame)
+            if upright.mode not in ("1", "L", "LA", "RGB", "RGBA"):
+                has_alpha = "A" in upright.getbands() or "transparency" in upright.info
+                upright = upright.convert("RGBA" if has_alpha else "RGB")
+            buffer = io.BytesIO()
+            upright.save(buffer, format="PNG")
+            pngs.append(buffer.getvalue())
+    return pngs
+
+
+def _image_document(source: Path) -> Pdf:
+    """One page per frame, made by img2pdf: a JPEG's own bytes, a plain PNG's own compressed data, a
+    CCITT G4 TIFF frame's own fax data; anything else losslessly as PNG data, alpha as an /SMask.
+    Each page is the frame at its DPI (DEFAULT_IMAGE_DPI without one), upright through /Rotate as
+    its EXIF orientation says, as prepare showed it to the model."""
+    dpis, mirrored, paged = _frame_facts(source)
+    sizes = iter(dpis)
+
+    def page_at_own_dpi(width_px: int, height_px: int, _stated: Any) -> tuple[float, float, float, float]:
+        # img2pdf asks frame by frame, in file order; its own default for "no DPI" is 96.
+        dpi = next(sizes, DEFAULT_IMAGE_DPI)
+        width_pt, height_pt = width_px * 72.0 / dpi, height_px * 72.0 / dpi
+        return width_pt, height_pt, width_pt, height_pt
+
+    options: dict[str, Any] = {
+        "layout_fun": page_at_own_dpi,
+        "rotation": img2pdf.Rotation.ifvalid,
+        "first_frame_only": not paged,
+        "nodate": True,
+    }
+    try:
+        made = None if mirrored else img2pdf.convert(source.read_bytes(), **options)
+    except (img2pdf.AlphaChannelError, img2pdf.ExifOrientationError, img2pdf.UnsupportedColorspaceError):
+        made = None
+    if made is None:
+        sizes = iter(dpis)
+        made = img2pdf.convert(_upright_pngs(source, paged), **{**options, "first_frame_only": False})
+    return Pdf.open(io.BytesIO(made))
 
 
 # -- the document ------------------------------------------------------------------------------------------
@@ -1341,10 +1243,8 @@ def build_searchable_pdf(
         pdf = Pdf.open(source, password=password or "")
         report.decrypted = pdf.is_encrypted
     else:
-        pdf = Pdf.new()
+        pdf = _image_document(source)
     with pdf:
-        if doc_type == "image":
-            _image_document(pdf, source, pages)
         if len(pdf.pages) != len(pages):
             raise PageCountMismatch(f"{source.name} has {len(pdf.pages)} pages, {len(pages)} page results were given")
         report.signature_removed = doc_type == "pdf" and _remove_signatures(pdf)
@@ -1398,11 +1298,3 @@ def _append_content(pdf: Pdf, page: pikepdf.Page, content: bytes) -> None:
     page.contents_add(pdf.make_stream(b"q\n"), prepend=True)
     page.contents_add(pdf.make_stream(b"\nQ\n"), prepend=False)
     page.contents_add(pdf.make_stream(zlib.compress(content), Filter=Name.FlateDecode), prepend=False)
-
-
-def _image_document(pdf: Pdf, source: Path, pages: list[PageLayer]) -> None:
-    for embedded in _embed_frames(pdf, source):
-        page = pdf.add_blank_page(page_size=(embedded.width_pt, embedded.height_pt))
-        name = page.add_resource(embedded.image, Name.XObject, prefix="Im")
-        a, b, c, d, e, f = (round(v, 4) for v in embedded.matrix)
-        page.obj.Contents = pdf.make_stream(f"q {a} {b} {c} {d} {e} {f} cm {name} Do Q\n".encode("ascii"))
