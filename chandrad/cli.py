@@ -27,7 +27,7 @@ from chandrad.engine import create_engine, cuda_gpu_visible, pages_in_flight
 from chandrad.errors import ConfigError, DocumentError
 from chandrad.logs import configure_logging
 from chandrad.output.failures import REPORT_SUFFIX
-from chandrad.runtime import now_iso
+from chandrad.runtime import Ending, now_iso
 from chandrad.service.notify import Notifier
 from chandrad.storage import folders
 from chandrad.storage.durable import move_durably
@@ -182,7 +182,7 @@ async def _convert_once(
             async def convert(file: Path, doc_id: str) -> None:
                 while (outcome := await pipeline.process(doc_id)).state == "queued":
                     pass  # transient failure: retried at once, up to max_attempts
-                if outcome.state == "failed":
+                if outcome.state is Ending.FAILED:
                     failures.append((str(file), outcome.reason))
                 else:
                     click.echo(f"{file}: {outcome.output_dir}")

@@ -40,7 +40,8 @@ from chandrad.errors import ConfigError, InboxUnreachableError
 from chandrad.runtime import Runtime, from_iso, now_iso, remove_claim_folder
 from chandrad.storage import folders
 from chandrad.storage.durable import create_exclusively, fsync_dir, makedirs_durably, write_file_durably
-from chandrad.storage.journal import FINAL_STATES, Document
+from chandrad.storage.journal import Document
+from chandrad.storage.schema import FINAL_STATES
 
 log = structlog.get_logger("chandrad.hosts")
 

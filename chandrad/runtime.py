@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,10 +35,24 @@ T = TypeVar("T")
 INBOX_THREADS = 16
 
 
+class Ending(StrEnum):
+    """How one pass over a document ended."""
+
+    PUBLISHED = "published"
+    FAILED = "failed"
+    RETRYING = "queued"  # queued again: an attempt failed and another is due
+    TAKEN_OVER = "taken over"  # by another host: forgotten here
+
+    @property
+    def metric(self) -> str:
+        """Its label on chandrad_documents_total."""
+        return {Ending.RETRYING: "retried", Ending.TAKEN_OVER: "taken_over"}.get(self, self.value)
+
+
 @dataclass(frozen=True)
 class Outcome:
     doc_id: str
-    state: str  # "published" | "failed" | "queued" (will be retried) | "taken over" (by another host)
+    state: Ending
     output_dir: Path | None = None
     reason: str = ""
 

@@ -26,7 +26,8 @@ from chandrad.errors import InboxUnreachableError
 from chandrad.runtime import Runtime, remove_claim_folder
 from chandrad.storage import folders
 from chandrad.storage.durable import move_durably
-from chandrad.storage.journal import FINAL_STATES, Document, storable
+from chandrad.storage.journal import Document, storable
+from chandrad.storage.schema import FINAL_STATES
 
 T = TypeVar("T")
 

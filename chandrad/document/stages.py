@@ -32,7 +32,7 @@ from chandrad.inbox.intake import duplicate_of
 from chandrad.output import delivery, publish
 from chandrad.output.failures import Failures
 from chandrad.output.publish import SearchablePdfJob
-from chandrad.runtime import Outcome, Runtime
+from chandrad.runtime import Ending, Outcome, Runtime
 from chandrad.storage import naming
 from chandrad.storage.durable import move_durably, place_copy, rename_dir_durably
 from chandrad.storage.journal import Document, PageRecord
@@ -72,7 +72,7 @@ class DocumentStages:
             except hosts.ClaimLost as lost:
                 # Another host has the original now and publishes it: nothing is reported here.
                 await hosts.forget_taken_over(self.runtime, doc, inbox, lost.taker)
-                return Outcome(doc_id, "taken over")
+                return Outcome(doc_id, Ending.TAKEN_OVER)
             except DocumentError as error:
                 return await self.failures.handle(doc_id, error)
             except asyncio.CancelledError:
@@ -277,7 +277,7 @@ class DocumentStages:
         deliveries = await delivery.planned(runtime, doc, inbox, "published")
         await journal.call(journal.publish, doc.id, deliveries)
         await runtime.clear_leftovers(doc, inbox)
-        return Outcome(doc.id, "published", Path(doc.output_dir) if doc.output_dir else None)
+        return Outcome(doc.id, Ending.PUBLISHED, Path(doc.output_dir) if doc.output_dir else None)
 
     async def _place_pdf_copy(self, pdf: Path, pdf_to: Path) -> None:
         """The searchable PDF also into ``pdf_to`` (a document system's consume folder), before the

@@ -21,7 +21,7 @@ from chandrad.backoff import backoff_seconds
 from chandrad.config import InboxSettings
 from chandrad.errors import DocumentError, WaitError
 from chandrad.output import delivery
-from chandrad.runtime import Outcome, Runtime, now_iso
+from chandrad.runtime import Ending, Outcome, Runtime, now_iso
 from chandrad.storage import naming
 from chandrad.storage.durable import makedirs_durably, move_durably, reserve_name, write_file_durably
 from chandrad.storage.journal import Document
@@ -118,7 +118,7 @@ class Failures:
             attempt=attempts,
             retry_in_s=round(delay, 1),
         )
-        return Outcome(doc.id, "queued", reason=error.reason)
+        return Outcome(doc.id, Ending.RETRYING, reason=error.reason)
 
     async def _wait(self, doc: Document, error: WaitError) -> Outcome:
         """Queue the document again later; its attempts and history are left as they were (a long
@@ -139,7 +139,7 @@ class Failures:
             waits=waits,
             retry_in_s=round(delay, 1),
         )
-        return Outcome(doc.id, "queued", reason=error.reason)
+        return Outcome(doc.id, Ending.RETRYING, reason=error.reason)
 
     async def fail(self, doc: Document, error: DocumentError) -> Outcome:
         """Move the original to failed/ with ``<name>.error.json`` beside it, and mark the document failed."""
@@ -156,7 +156,7 @@ class Failures:
             taker = await runtime.probe(inbox.path, lambda: hosts.lost_to(inbox.path, claimed, doc.id))
             if taker is not None:
                 await hosts.forget_taken_over(runtime, doc, inbox, taker)
-                return Outcome(doc.id, "taken over")
+                return Outcome(doc.id, Ending.TAKEN_OVER)
             report = failure_report(doc, inbox, entry, [*doc.history, entry])
             try:
                 if await runtime.on_inbox(inbox.path, lambda: claimed.exists() or claimed.is_symlink()):
@@ -175,7 +175,7 @@ class Failures:
                     "cannot move the original to failed/; will try again", error=str(move_error), retry_in_s=delay
                 )
                 await journal.call(journal.set_state, doc.id, "queued", next_attempt_at=runtime.clock() + delay)
-                return Outcome(doc.id, "queued", reason=f"cannot write to failed/: {move_error.strerror}")
+                return Outcome(doc.id, Ending.RETRYING, reason=f"cannot write to failed/: {move_error.strerror}")
         # The deliveries (webhooks, hooks) are committed with the state, in one transaction.
         deliveries = await delivery.planned(runtime, doc, inbox, "failed", entry)
         await journal.call(journal.fail, doc.id, entry, deliveries)
@@ -188,7 +188,7 @@ class Failures:
             kind=entry["kind"],
             moved_to=str(target) if target else None,
         )
-        return Outcome(doc.id, "failed", reason=error.reason)
+        return Outcome(doc.id, Ending.FAILED, reason=error.reason)
 
     async def report_only(self, doc: Document, inbox: InboxSettings, entry: dict[str, Any]) -> None:
         """The original cannot be moved (no write access to the inbox), but the reason can be
@@ -236,7 +236,7 @@ class Failures:
         await self.runtime.clear_leftovers(doc, inbox)
         await self.forget_content(doc, inbox)
         log.warning("document failed (completed after a restart)", reason=entry.get("reason"), moved_to=str(final))
-        return Outcome(doc.id, "failed", reason=str(entry.get("reason", "")))
+        return Outcome(doc.id, Ending.FAILED, reason=str(entry.get("reason", "")))
 
     def _written_entry(self, final: Path, inbox: InboxSettings, doc: Document) -> dict[str, Any] | None:
         """The last history entry of the report beside ``final`` in failed/, or None if not there."""

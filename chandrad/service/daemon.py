@@ -528,8 +528,7 @@ class Daemon:
                 self.work.done(doc_id)
             doc = await self.journal.call(self.journal.find, doc_id) if self.journal else None
             inbox = doc.inbox if doc is not None else ""  # None: taken over by another host, forgotten
-            state = {"queued": "retried", "taken over": "taken_over"}.get(outcome.state, outcome.state)
-            self.metrics.documents.labels(inbox, state).inc()
+            self.metrics.documents.labels(inbox, outcome.state.metric).inc()
             self.metrics.stage_seconds.labels("document").observe(time.monotonic() - started)
 
     # -- systemd and metrics --------------------------------------------------------------------

@@ -28,7 +28,17 @@ from typing import Any, TypeVar
 
 import structlog
 
+from chandrad.backoff import backoff_seconds
 from chandrad.errors import ConfigError
+from chandrad.storage.schema import (
+    DELIVERY_STATES,
+    FINAL_STATES,
+    STATES,
+    UNFINISHED_STATES,
+    DeliveryState,
+    DocumentState,
+    make_tables,
+)
 
 log = structlog.get_logger("chandrad.storage.journal")
 
@@ -46,113 +56,6 @@ def _worth_waiting_out(error: sqlite3.Error) -> bool:
     code: int | None = getattr(error, "sqlite_errorcode", None)
     return code is not None and (code & 0xFF) in _WAIT_OUT_CODES
 
-
-STATES = ("settled", "queued", "preparing", "inferring", "publishing", "published", "failed")
-FINAL_STATES = ("published", "failed")
-_UNFINISHED_STATES = tuple(state for state in STATES if state not in FINAL_STATES)
-# A delivery (webhook request or hook run) is pending until it succeeded or was given up.
-DELIVERY_STATES = ("pending", "delivered", "failed")
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS documents (
-    id TEXT PRIMARY KEY,
-    inbox TEXT NOT NULL,
-    rel_path TEXT NOT NULL,
-    claimed_path TEXT,
-    sha256 TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    mtime_ns INTEGER NOT NULL,
-    state TEXT NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    next_attempt_at REAL NOT NULL DEFAULT 0,
-    page_count INTEGER,
-    output_dir TEXT,
-    final_path TEXT,
-    error TEXT,
-    history TEXT NOT NULL DEFAULT '[]',
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS documents_sha ON documents (sha256);
--- by state (counts, unfinished) and, within one, oldest first (due_queued: the retry loop's read);
--- it replaces an index on state alone, which every state change also had to update
-DROP INDEX IF EXISTS documents_state;
-CREATE INDEX IF NOT EXISTS documents_state_created ON documents (state, created_at);
--- by state and last change: the retention prune's read (final rows older than the cutoff, oldest
--- first, stopping at its batch) and the latest failures (``recent``: status, recovery's sweep)
-CREATE INDEX IF NOT EXISTS documents_state_updated ON documents (state, updated_at);
-CREATE INDEX IF NOT EXISTS documents_path ON documents (inbox, rel_path);
-CREATE TABLE IF NOT EXISTS pages (
-    doc_id TEXT NOT NULL REFERENCES documents (id),
-    page_no INTEGER NOT NULL,
-    width INTEGER NOT NULL,
-    height INTEGER NOT NULL,
-    html TEXT NOT NULL,
-    prompt_tokens INTEGER NOT NULL DEFAULT 0,
-    output_tokens INTEGER NOT NULL DEFAULT 0,
-    finish_reason TEXT NOT NULL DEFAULT '',
-    retries INTEGER NOT NULL DEFAULT 0,
-    latency_s REAL NOT NULL DEFAULT 0,
-    engine TEXT NOT NULL DEFAULT '',
-    model TEXT NOT NULL DEFAULT '',
-    image_names TEXT NOT NULL DEFAULT '[]',
-    chunks TEXT NOT NULL DEFAULT '[]',
-    error TEXT,
-    text_lines TEXT,
-    PRIMARY KEY (doc_id, page_no)
-);
--- The transactional outbox: one row per (document, webhook or hook) for each final state, inserted
--- in the transaction that commits that state (publish, fail), sent by the delivery task.
-CREATE TABLE IF NOT EXISTS deliveries (
-    id INTEGER PRIMARY KEY,
-    doc_id TEXT NOT NULL REFERENCES documents (id),
-    kind TEXT NOT NULL,
-    target TEXT NOT NULL,
-    event TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    state TEXT NOT NULL DEFAULT 'pending',
-    attempts INTEGER NOT NULL DEFAULT 0,
-    next_attempt_at REAL NOT NULL DEFAULT 0,
-    last_status INTEGER,
-    last_error TEXT,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS deliveries_state_due ON deliveries (state, next_attempt_at);
-CREATE INDEX IF NOT EXISTS deliveries_doc ON deliveries (doc_id);
--- the latest failed or retrying deliveries (``deliveries``: status) without sorting all of them
-CREATE INDEX IF NOT EXISTS deliveries_state_updated ON deliveries (state, updated_at);
-"""
-
-# How many documents and deliveries are in each state, kept by triggers in every transaction that
-# changes one: ``counts`` (the watchdog's health check, ``chandrad status``) and ``delivery_counts``
-# (the pending gauge) read a few rows instead of counting the whole table (58 and 80 ms with a
-# million rows, on the journal's one thread, in front of intake). Created, and filled from the
-# tables, once, under the write lock (``Journal._keep_counts``): no row is counted twice or missed.
-COUNTS_SCHEMA = (
-    "CREATE TABLE state_counts (tbl TEXT NOT NULL, state TEXT NOT NULL, n INTEGER NOT NULL, "
-    "PRIMARY KEY (tbl, state)) WITHOUT ROWID",
-    "INSERT INTO state_counts SELECT 'documents', state, COUNT(*) FROM documents GROUP BY state",
-    "INSERT INTO state_counts SELECT 'deliveries', state, COUNT(*) FROM deliveries GROUP BY state",
-)
-
-
-def _count_triggers(table: str) -> tuple[str, ...]:
-    """The triggers that keep ``table``'s row in ``state_counts`` for each state."""
-    up = (
-        f"INSERT INTO state_counts (tbl, state, n) VALUES ('{table}', new.state, 1) "
-        "ON CONFLICT (tbl, state) DO UPDATE SET n = n + 1;"
-    )
-    down = f"UPDATE state_counts SET n = n - 1 WHERE tbl = '{table}' AND state = old.state;"
-    return (
-        f"CREATE TRIGGER IF NOT EXISTS {table}_count_insert AFTER INSERT ON {table} BEGIN {up} END",
-        f"CREATE TRIGGER IF NOT EXISTS {table}_count_delete AFTER DELETE ON {table} BEGIN {down} END",
-        f"CREATE TRIGGER IF NOT EXISTS {table}_count_update AFTER UPDATE OF state ON {table} "
-        f"WHEN old.state IS NOT new.state BEGIN {down} {up} END",
-    )
-
-
-COUNT_TRIGGERS = _count_triggers("documents") + _count_triggers("deliveries")
 
 T = TypeVar("T")
 
@@ -175,7 +78,7 @@ class Document:
     sha256: str
     size: int
     mtime_ns: int
-    state: str
+    state: DocumentState
     attempts: int
     next_attempt_at: float
     page_count: int | None
@@ -191,6 +94,7 @@ class Document:
         values = dict(row)
         values["error"] = json.loads(values["error"]) if values["error"] else None
         values["history"] = json.loads(values["history"])
+        values["state"] = DocumentState(values["state"])
         return cls(**values)
 
 
@@ -231,7 +135,7 @@ class PrunedDocument:
     id: str
     inbox: str
     sha256: str
-    state: str
+    state: DocumentState
     updated_at: float
 
 
@@ -255,7 +159,7 @@ class Delivery:
     target: str
     event: str
     payload: str
-    state: str
+    state: DeliveryState
     attempts: int
     next_attempt_at: float
     last_status: int | None
@@ -265,7 +169,9 @@ class Delivery:
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Delivery:
-        return cls(**dict(row))
+        values = dict(row)
+        values["state"] = DeliveryState(values["state"])
+        return cls(**values)
 
 
 class Journal:
@@ -282,18 +188,10 @@ class Journal:
             # FULL: a commit that returned survives a power cut (NORMAL may lose the last ones in WAL mode).
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.executescript(SCHEMA)
-            self._add_missing_columns()
-            # Take the write lock once now: another process holding it (a second daemon on this
+            # Take the write lock at once: another process holding it (a second daemon on this
             # state_dir, a `sqlite3` shell left in a transaction) otherwise went unnoticed until
             # the first document, whose every commit then failed after the busy timeout.
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._keep_counts()
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+            make_tables(self._db)
         except sqlite3.OperationalError as error:
             raise ConfigError(
                 f"cannot open the journal {path}: {error}. If another chandrad uses this state_dir, stop it "
@@ -312,52 +210,47 @@ class Journal:
         self._executor.shutdown(wait=False)
 
     def _execute(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> sqlite3.Cursor:
-        """One statement, one commit. While another process holds the database locked for longer
-        than the busy timeout, or its disk is full, wait (with backoff) instead of raising: an error here used
-        to escape the document's error handling (which itself needs the journal) and end the
-        worker, and with it the daemon. Nothing can progress without the journal; waiting is
-        what is left. A statement that got SQLITE_BUSY changed nothing, so retrying is safe."""
-        delay = 0.5
-        while True:
-            with self._lock:
-                try:
-                    return self._db.execute(sql, params)
-                except sqlite3.OperationalError as error:
-                    if not _worth_waiting_out(error):
-                        raise
-                    why = str(error)
-                    if self._closing.is_set():
-                        raise
-            log.warning("the journal cannot be written; waiting", error=why, journal=str(self.path), retry_in_s=delay)
-            if self._closing.wait(delay):
-                raise sqlite3.OperationalError("database is locked (journal closing)")
-            delay = min(delay * 2, 10.0)
+        """One statement, one commit; waited out while the database is locked or its disk full
+        (``_waiting_out``). A statement that got SQLITE_BUSY changed nothing, so running it again is safe."""
+        return self._waiting_out(lambda: self._db.execute(sql, params))
 
     def _transaction(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``work``'s statements in one transaction: all of them are committed, or none. Waited
-        out like ``_execute`` while the database is locked or its disk full (rolled back, then
-        run again from the start)."""
-        delay = 0.5
+        out like ``_execute`` (rolled back, then run again from the start)."""
+
+        def whole() -> T:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                result = work(self._db)
+                self._db.execute("COMMIT")
+                return result
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+
+        return self._waiting_out(whole)
+
+    def _waiting_out(self, run: Callable[[], T]) -> T:
+        """``run()`` under the lock; while another process holds the database locked for longer than
+        the busy timeout, or its disk is full, wait (``backoff_seconds``, 0.5 s doubling to 10 s)
+        and run it again instead of raising: an error here used to escape the document's error
+        handling (which itself needs the journal) and end the worker, and with it the daemon.
+        Nothing can progress without the journal; waiting is what is left."""
+        attempt = 0
         while True:
             with self._lock:
                 try:
-                    self._db.execute("BEGIN IMMEDIATE")
-                    try:
-                        result = work(self._db)
-                        self._db.execute("COMMIT")
-                        return result
-                    except BaseException:
-                        if self._db.in_transaction:
-                            self._db.execute("ROLLBACK")
-                        raise
+                    return run()
                 except sqlite3.OperationalError as error:
                     if not _worth_waiting_out(error) or self._closing.is_set():
                         raise
                     why = str(error)
+            attempt += 1
+            delay = backoff_seconds(0.5, attempt, cap=10.0)
             log.warning("the journal cannot be written; waiting", error=why, journal=str(self.path), retry_in_s=delay)
             if self._closing.wait(delay):
                 raise sqlite3.OperationalError("database is locked (journal closing)")
-            delay = min(delay * 2, 10.0)
 
     def _update(self, db: sqlite3.Connection, doc_id: str, state: str, fields: dict[str, Any]) -> None:
         if state not in STATES:
@@ -530,9 +423,9 @@ class Journal:
         """Every document not final, oldest first. The states are named (IN, not NOT IN): SQLite
         reads each from the state index, where NOT IN read every row, final ones included (a
         million of them at start-up and in ``chandrad status``)."""
-        placeholders = ", ".join("?" for _ in _UNFINISHED_STATES)
+        placeholders = ", ".join("?" for _ in UNFINISHED_STATES)
         rows = self._execute(
-            f"SELECT * FROM documents WHERE state IN ({placeholders}) ORDER BY created_at", _UNFINISHED_STATES
+            f"SELECT * FROM documents WHERE state IN ({placeholders}) ORDER BY created_at", UNFINISHED_STATES
         ).fetchall()
         return [Document.from_row(row) for row in rows]
 
@@ -605,7 +498,7 @@ class Journal:
             db.executemany("DELETE FROM pages WHERE doc_id = ?", ids)
             db.executemany("DELETE FROM documents WHERE id = ?", ids)
             return [
-                PrunedDocument(row["id"], row["inbox"], row["sha256"], row["state"], row["updated_at"])
+                PrunedDocument(row["id"], row["inbox"], row["sha256"], DocumentState(row["state"]), row["updated_at"])
                 for row in picked
             ]
 
@@ -677,23 +570,6 @@ class Journal:
         return [Delivery.from_row(row) for row in rows]
 
     # -- pages -----------------------------------------------------------------------------------
-
-    def _keep_counts(self) -> None:
-        """The tally of states (``COUNTS_SCHEMA``): made and filled in the open's transaction if
-        this journal has none yet (one made by an older chandrad); its triggers made in the same
-        transaction, so that no change between the fill and them goes uncounted."""
-        exists = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'state_counts'")
-        if exists.fetchone() is None:
-            for statement in COUNTS_SCHEMA:
-                self._db.execute(statement)
-        for trigger in COUNT_TRIGGERS:
-            self._db.execute(trigger)
-
-    def _add_missing_columns(self) -> None:
-        """A journal written by an older chandrad lacks the columns added since: add them (empty)."""
-        columns = {row["name"] for row in self._db.execute("PRAGMA table_info(pages)")}
-        if "text_lines" not in columns:
-            self._db.execute("ALTER TABLE pages ADD COLUMN text_lines TEXT")
 
     def record_page(self, page: PageRecord) -> None:
         row: dict[str, Any] = {field.name: getattr(page, field.name) for field in fields(page)}
