@@ -571,7 +571,7 @@ hf_home_option = click.option(
 @config_option
 def fetch_model(model: str | None, revision: str | None, hf_home: Path | None, config_path: Path | None) -> None:
     """Download MODEL (default: engine.model) into the cache the service reads; run again to resume."""
-    from chandrad import modelfiles
+    from chandrad.model import download as modelfiles
 
     settings = _load(config_path)
     configure_logging(settings.log_format, settings.log_level, settings.journal_socket)
@@ -628,7 +628,7 @@ def check(config_path: Path | None, hf_home: Path | None) -> None:
     except ConfigError as error:
         report(False, "engine", str(error))
     if settings.engine.kind != "tesseract" and not settings.engine.url:
-        from chandrad import modelfiles
+        from chandrad.model import download as modelfiles
 
         gpus = modelfiles.visible_gpus()
         hub_cache = modelfiles.hub_cache_for_admin(hf_home)

@@ -29,7 +29,7 @@ from structlog.testing import capture_logs
 
 from chandrad.cli import EXIT_FAILED, main
 from chandrad.config import EngineSettings
-from chandrad.modelfiles import (
+from chandrad.model.download import (
     ACTIVATION_BYTES,
     PARTIAL_SUFFIX,
     FetchCancelled,
