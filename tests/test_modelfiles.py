@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import filelock
 import huggingface_hub
 import pytest
 from click.testing import CliRunner
@@ -396,8 +397,6 @@ def test_a_second_fetch_waits_for_the_first_ones_lock_and_downloads_nothing_agai
 
 
 def test_a_fetch_waiting_for_huggingface_hubs_lock_ends_at_a_stop(tmp_path, hub, online):
-    import filelock
-
     cache = tmp_path / "hub"
     lock_path = weights_lock(cache, hub.files["model.safetensors"])
     lock_path.parent.mkdir(parents=True)
