@@ -571,21 +571,24 @@ hf_home_option = click.option(
 @config_option
 def fetch_model(model: str | None, revision: str | None, hf_home: Path | None, config_path: Path | None) -> None:
     """Download MODEL (default: engine.model) into the cache the service reads; run again to resume."""
-    from chandrad import modelfiles
+    from chandrad.model import fetch
+    from chandrad.model.cache import hub_cache_for_admin, is_hub_id, service_owner
+    from chandrad.model.hub import ModelFilesError
+    from chandrad.model.progress import FetchProgress
 
     settings = _load(config_path)
     configure_logging(settings.log_format, settings.log_level, settings.journal_socket)
     model = model or settings.engine.model
-    if not modelfiles.is_hub_id(model):
+    if not is_hub_id(model):
         click.echo(f"{model} is a local folder: nothing to download")
         return
-    hub_cache = modelfiles.hub_cache_for_admin(hf_home)
-    progress = modelfiles.FetchProgress(bar=sys.stderr.isatty())
+    hub_cache = hub_cache_for_admin(hf_home)
+    progress = FetchProgress(bar=sys.stderr.isatty())
     try:
-        folder = modelfiles.fetch_model(
-            model, hub_cache, revision=revision, progress=progress, owner=modelfiles.service_owner(hub_cache)
+        folder = fetch.fetch_model(
+            model, hub_cache, revision=revision, progress=progress, owner=service_owner(hub_cache)
         )
-    except modelfiles.ModelFilesError as error:
+    except ModelFilesError as error:
         click.echo(f"chandrad: {error}", err=True)
         sys.exit(EXIT_FAILED)
     except KeyboardInterrupt:
@@ -628,12 +631,14 @@ def check(config_path: Path | None, hf_home: Path | None) -> None:
     except ConfigError as error:
         report(False, "engine", str(error))
     if settings.engine.kind != "tesseract" and not settings.engine.url:
-        from chandrad import modelfiles
+        from chandrad.model.cache import hub_cache_for_admin
+        from chandrad.model.gpus import visible_gpus
+        from chandrad.model.report import check_model
 
-        gpus = modelfiles.visible_gpus()
-        hub_cache = modelfiles.hub_cache_for_admin(hf_home)
+        gpus = visible_gpus()
+        hub_cache = hub_cache_for_admin(hf_home)
         will_use_gpu = settings.engine.kind == "vllm" or cuda_gpu_visible()
-        for line in modelfiles.check_model(settings.engine, hub_cache, gpus, will_use_gpu=will_use_gpu):
+        for line in check_model(settings.engine, hub_cache, gpus, will_use_gpu=will_use_gpu):
             if line.level == "warn":
                 click.echo(f"[warn] {line.what}: {line.detail}")
             else:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import filelock
 import huggingface_hub
 import pytest
 from click.testing import CliRunner
@@ -29,24 +30,14 @@ from structlog.testing import capture_logs
 
 from chandrad.cli import EXIT_FAILED, main
 from chandrad.config import EngineSettings
-from chandrad.modelfiles import (
-    ACTIVATION_BYTES,
-    PARTIAL_SUFFIX,
-    FetchCancelled,
-    FetchProgress,
-    GpuInfo,
-    MemoryNeeds,
-    check_model,
-    fetch_model,
-    gpu_fit,
-    hub_cache_for_admin,
-    memory_needs,
-    parse_nvidia_smi,
-    read_model_facts,
-    service_owner,
-    stop_tokens,
-    text_dims,
-)
+from chandrad.model.cache import PARTIAL_SUFFIX, hub_cache_for_admin, service_owner
+from chandrad.model.download import FetchCancelled
+from chandrad.model.facts import read_model_facts, stop_tokens, text_dims
+from chandrad.model.fetch import fetch_model
+from chandrad.model.fit import ACTIVATION_BYTES, MemoryNeeds, gpu_fit, memory_needs
+from chandrad.model.gpus import GpuInfo, parse_nvidia_smi
+from chandrad.model.progress import FetchProgress
+from chandrad.model.report import check_model
 from tests.conftest import REPO, wait_for
 from tests.test_systemd import NotifyListener
 
@@ -371,6 +362,68 @@ def test_a_dropped_connection_is_resumed_within_the_same_run(tmp_path, online):
         hub.close()
 
 
+WAITING = "waiting for another download of the same file to finish"
+
+
+def weights_lock(cache: Path, weights: bytes) -> Path:
+    """huggingface_hub's lock file for the weights' blob (its name is the LFS SHA-256, the ETag)."""
+    return cache / ".locks" / "models--chandrad-test--tiny" / f"{hashlib.sha256(weights).hexdigest()}.lock"
+
+
+def test_a_second_fetch_waits_for_the_first_ones_lock_and_downloads_nothing_again(tmp_path, online):
+    hub = FakeHub(model_files(), rate=1_000_000)  # the weights take ~4 s
+    cache = tmp_path / "hub"
+    folders: dict[str, Path] = {}
+
+    def fetch(name: str) -> None:
+        folders[name] = fetch_model(REPO_ID, cache, endpoint=hub.url)
+
+    first = threading.Thread(target=fetch, args=("first",))
+    second = threading.Thread(target=fetch, args=("second",))
+    try:
+        with capture_logs() as logs:
+            first.start()
+            wait_for(lambda: hub.gets("model.safetensors"), 30, "the first fetch to ask for the weights")
+            second.start()
+            wait_for(lambda: any(e["event"] == WAITING for e in logs), 30, "the second fetch to wait")
+            assert first.is_alive(), "the second waits while the first downloads"
+            first.join(60)
+            second.join(60)
+        assert sorted(folders) == ["first", "second"] and folders["first"] == folders["second"]
+        assert hub.gets("model.safetensors") == [""], "the weights came once, whole, to the first fetch"
+        assert (folders["second"] / "model.safetensors").read_bytes() == hub.files["model.safetensors"]
+    finally:
+        hub.close()
+
+
+def test_a_fetch_waiting_for_huggingface_hubs_lock_ends_at_a_stop(tmp_path, hub, online):
+    cache = tmp_path / "hub"
+    lock_path = weights_lock(cache, hub.files["model.safetensors"])
+    lock_path.parent.mkdir(parents=True)
+    stop = threading.Event()
+    raised: list[BaseException] = []
+
+    def fetch() -> None:
+        try:
+            fetch_model(REPO_ID, cache, endpoint=hub.url, stop=stop)
+        except BaseException as error:
+            raised.append(error)
+
+    worker = threading.Thread(target=fetch)
+    # As an hf_hub_download of the same blob holds it (huggingface_hub's WeakFileLock is a filelock).
+    with filelock.FileLock(lock_path), capture_logs() as logs:
+        worker.start()
+        wait_for(lambda: any(e["event"] == WAITING for e in logs), 30, "the fetch to wait for the lock")
+        stopped_at = time.monotonic()
+        stop.set()
+        worker.join(10)
+        assert time.monotonic() - stopped_at < 3, "the stop ends the wait"
+    assert [type(e) for e in raised] == [FetchCancelled]
+    assert not hub.gets("model.safetensors"), "nothing of the weights is downloaded without their lock"
+    folder = fetch_model(REPO_ID, cache, endpoint=hub.url)
+    assert (folder / "model.safetensors").read_bytes() == hub.files["model.safetensors"]
+
+
 def test_root_without_hf_home_fetches_into_the_units_cache_directory():
     # systemd/chandrad.service and chandrad@.service: CacheDirectory=chandrad, HF_HOME=%C/chandrad/huggingface.
     units = [(REPO / "systemd" / name).read_text() for name in ("chandrad.service", "chandrad@.service")]
@@ -427,8 +480,12 @@ def test_the_daemon_downloads_a_missing_model_showing_progress_and_extending_its
         daemon = daemon_factory(engine_config=f'kind = "vllm"\nmodel = "{REPO_ID}"')
         daemon.start(
             # start() adds to the test's own environment: HF_HUB_OFFLINE=1 is overridden, not dropped.
-            env={"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"),
-                 "NOTIFY_SOCKET": str(notify.path)},
+            env={
+                "HF_HUB_OFFLINE": "0",
+                "HF_ENDPOINT": hub.url,
+                "HF_HOME": str(tmp_path / "hf"),
+                "NOTIFY_SOCKET": str(notify.path),
+            },
             wait_until_watching=False,
         )
         wait_for(

@@ -32,7 +32,9 @@ from chandrad.hosts import Hosts, check_host_id_free
 from chandrad.inbox.intake import CONCURRENT_INTAKES
 from chandrad.inbox.watch import InboxWatcher, SettledFile
 from chandrad.metrics import Metrics, ObservedEngine
-from chandrad.modelfiles import FetchProgress, fetch_model_async, is_hub_id, process_hub_cache
+from chandrad.model.cache import is_hub_id, process_hub_cache
+from chandrad.model.fetch import fetch_model_async
+from chandrad.model.progress import FetchProgress
 from chandrad.output.delivery import Deliverer
 from chandrad.service.notify import Notifier
 from chandrad.service.stopping import EXIT_RESERVE_SECONDS, Backstop, LoopTasks, where_it_waits
