@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import overhead  # noqa: E402  (the page maker, journal and log readers, GPU and CPU probes)
+import overhead  # noqa: E402  (its parse_args: the engine options of a run)
+import overhead_common as common  # the page maker, journal and log readers, GPU and CPU probes
 
 # Paper sizes in inches and how often each comes; the poster is scaled down by prepare's pixel cap.
 SIZES = {
@@ -68,7 +69,7 @@ def parse_args() -> argparse.Namespace:
 
 def _make(job: tuple[int, str, float, float, int]) -> tuple[int, str]:
     idx, path, w_in, h_in, dpi = job
-    img = overhead.make_page(idx, round(w_in * dpi), round(h_in * dpi))
+    img = common.make_page(idx, round(w_in * dpi), round(h_in * dpi))
     img.save(path, "PDF", resolution=float(dpi))
     return idx, path
 
@@ -94,7 +95,7 @@ class MemorySampler(threading.Thread):
     def run(self) -> None:
         while not self.stop_event.is_set():
             now = time.time() - self.t0
-            for row in overhead.nvidia_smi("index,memory.used,utilization.gpu") or []:
+            for row in common.nvidia_smi("index,memory.used,utilization.gpu") or []:
                 try:
                     self.rows.append((round(now, 1), int(row[0]), float(row[1]), float(row[2])))
                 except (ValueError, IndexError):
@@ -105,15 +106,15 @@ class MemorySampler(threading.Thread):
 def main() -> int:
     a = parse_args()
     began = time.time()
-    overhead.SRC = Path(a.src).resolve()
-    sys.path.insert(0, str(overhead.SRC))
+    common.SRC = Path(a.src).resolve()
+    sys.path.insert(0, str(common.SRC))
     root = Path(a.workdir)
     (root / "inbox").mkdir(parents=True, exist_ok=True)
     gpus = tuple(int(g) for g in a.gpus.split(","))
     result: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "device": overhead.device_description(True), "gpus": len(gpus), "layout": a.layout,
-        "options": vars(a), "git": overhead.git_state(),
+        "device": common.device_description(True), "gpus": len(gpus), "layout": a.layout,
+        "options": vars(a), "git": common.git_state(),
     }
     sampler = MemorySampler(began)
 
@@ -129,15 +130,15 @@ def main() -> int:
                   *([] if a.cpu else ["--gpu", "--load-format", "dummy"]),
                   *sum((["--engine-arg", e] for e in a.engine_arg), [])]
     options = overhead.parse_args(engine_cli)
-    settings = overhead.engine_settings(options, a.model, gpus, a.layout)
+    settings = common.engine_settings(options, a.model, gpus, a.layout)
     settings = settings.model_copy(update={"recycle_after_pages": a.recycle_after, "health_check_seconds": 5.0})
     options.settle_seconds, options.prepare_workers = 1.0, None
     options.max_documents_in_flight = None
-    config = overhead.daemon_config(options, settings, root)
+    config = common.daemon_config(options, settings, root)
     log_path = root / "daemon.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join([str(overhead.SRC), *filter(None, [os.environ.get("PYTHONPATH")])]),
-           **overhead.compile_cache_env(a.cache or str(root / "vllm-cache"))}
+           "PYTHONPATH": os.pathsep.join([str(common.SRC), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           **common.compile_cache_env(a.cache or str(root / "vllm-cache"))}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     sampler.start()
     with open(log_path, "ab") as log:
@@ -152,7 +153,7 @@ def main() -> int:
         result["pages_made_s"] = round(time.time() - t, 1)
         result["page_sizes"] = {kind: sum(1 for _, k in pages if k == kind) for kind in SIZES}
         print(f"{len(pages)} pages made in {result['pages_made_s']} s: {result['page_sizes']}", flush=True)
-        while not any(e.get("event") == "watching inbox" for e in overhead.read_events(log_path)):
+        while not any(e.get("event") == "watching inbox" for e in common.read_events(log_path)):
             if proc.poll() is not None:
                 raise RuntimeError(f"daemon exited at start:\n{log_path.read_text()[-3000:]}")
             if time.time() - began > a.deadline:
@@ -163,17 +164,17 @@ def main() -> int:
         drop_t = time.time()
         result["drop_at_s"] = round(drop_t - began, 1)
         for path, _ in pages:
-            overhead.drop(path, root / "inbox")
+            common.drop(path, root / "inbox")
         while True:
-            rows = overhead.journal_docs(state)
+            rows = common.journal_docs(state)
             done = [r for r in rows if r["state"] in ("published", "failed")]
             published = sum(1 for r in done if r["state"] == "published")
-            events = overhead.read_events(log_path)
+            events = common.read_events(log_path)
             recycling = sum(e.get("event") == "engine recycling" for e in events) > \
                 sum(e.get("event") == "engine recycled" for e in events)
             # Not during a planned recycle: the kill must hit an engine that is reading pages.
             if not killed and not recycling and published >= a.kill_at * len(pages):
-                cores = [pid for pid in overhead.descendants(proc.pid) if "EngineCore" in overhead.cmdline(pid)]
+                cores = [pid for pid in common.descendants(proc.pid) if "EngineCore" in common.cmdline(pid)]
                 if cores:
                     os.kill(cores[0], signal.SIGKILL)
                     killed = {"pid": cores[0], "at_s": round(time.time() - began, 1), "published_before": published,
@@ -189,7 +190,7 @@ def main() -> int:
             time.sleep(1.0)
         end = time.time()
         result["killed"] = killed
-        rows = overhead.journal_docs(state)
+        rows = common.journal_docs(state)
         states: dict[str, int] = {}
         for r in rows:
             states[r["state"]] = states.get(r["state"], 0) + 1
@@ -209,7 +210,7 @@ def main() -> int:
         for stamp in published_times:
             buckets[int((stamp - drop_t) // 30)] = buckets.get(int((stamp - drop_t) // 30), 0) + 1
         result["published_per_30s"] = [buckets.get(i, 0) for i in range(max(buckets) + 1)] if buckets else []
-        events = overhead.read_events(log_path)
+        events = common.read_events(log_path)
         # The engine's own events in full; the per-page ones (192 at a kill) only counted, so that
         # they cannot crowd the restarts and recycles out of the list.
         result["engine_events"] = [
@@ -228,7 +229,7 @@ def main() -> int:
         print(f"FAILED: {error!r}", flush=True)
     finally:
         if proc.poll() is None:
-            kids = overhead.descendants(proc.pid)
+            kids = common.descendants(proc.pid)
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(60)
