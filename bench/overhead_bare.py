@@ -79,7 +79,8 @@ async def bare_phase(a: argparse.Namespace, settings: Any, images: list[Any], wa
             await one("warm-small", Image.new("RGB", (224, 224), "white"), 8)  # chandrad's own warm-up
             await one("warm-full", warm_image, 16)                               # + one full-size page
         try:
-            await asyncio.wait_for(warm_up(), timeout=seconds_to_deadline(a))
+            async with asyncio.timeout(seconds_to_deadline(a)):  # not wait_for: gh-86296 on 3.11
+                await warm_up()
         except TimeoutError:  # --deadline: the start figure stays
             result.update({"partial": True, "stopped_in": "warm-up"})
             print("[bare] --deadline reached during the warm-up", flush=True)
