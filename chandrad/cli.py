@@ -23,11 +23,12 @@ import structlog
 
 from chandrad import __version__
 from chandrad.config import InboxSettings, OutputFormat, Settings, load_settings, prepare_folders
-from chandrad.engine import create_engine, cuda_gpu_visible, pages_in_flight
+from chandrad.document.once import convert_once
+from chandrad.engine import create_engine, cuda_gpu_visible
 from chandrad.errors import ConfigError, DocumentError
 from chandrad.logs import configure_logging
 from chandrad.output.failures import REPORT_SUFFIX
-from chandrad.runtime import Ending, now_iso
+from chandrad.runtime import now_iso
 from chandrad.service.notify import Notifier
 from chandrad.storage import folders
 from chandrad.storage.durable import move_durably
@@ -127,87 +128,15 @@ def once(
     if engine_kind:
         settings = settings.model_copy(update={"engine": settings.engine.model_copy(update={"kind": engine_kind})})
     try:
-        failures = asyncio.run(_convert_once(settings, files, output_dir, overrides))
+        failures = asyncio.run(
+            convert_once(settings, files, output_dir, overrides, lambda file, out: click.echo(f"{file}: {out}"))
+        )
     except ConfigError as error:
         click.echo(f"chandrad: {error}", err=True)
         sys.exit(EXIT_CONFIG)
     for name, reason in failures:
         click.echo(f"{name}: failed: {reason}", err=True)
     sys.exit(EXIT_FAILED if failures else 0)
-
-
-async def _convert_once(
-    settings: Settings, files: tuple[Path, ...], output_dir: Path, overrides: dict[str, object]
-) -> list[tuple[str, str]]:
-    from chandrad.document.pipeline import Pipeline
-    from chandrad.storage.folders import host_staging, staging_root
-
-    template = settings.inbox[0] if settings.inbox else None
-    failures: list[tuple[str, str]] = []
-    with tempfile.TemporaryDirectory(prefix="chandrad-once-") as scratch:
-        scratch_path = Path(scratch)
-        inherited_keys = ("prompt_type", "formats", "compress", "pdf_password", "pdfa", "pdf_replace_text")
-        inherited = {key: getattr(template, key) for key in (*inherited_keys, "pdf_word_boxes")} if template else {}
-        inbox = InboxSettings.model_validate(
-            {
-                "path": scratch_path / "inbox",
-                "outbox": output_dir,
-                "failed": scratch_path / "failed",
-                "name": "once",
-                "on_success": "keep",
-                "duplicates": "reprocess",
-                **inherited,
-                **overrides,
-            }
-        )
-        once_settings = settings.model_copy(
-            update={"state_dir": scratch_path / "state", "inbox": (inbox,), "retry_backoff_seconds": 0.0}
-        )
-        prepare_folders(once_settings)
-        journal = Journal(once_settings.state_dir / "journal.sqlite3")
-        engine = create_engine(once_settings.engine, once_settings.state_dir)
-        await engine.start()
-        pipeline = Pipeline(once_settings, journal, engine, move_originals=False)
-        try:
-            doc_ids = []
-            for file in files:
-                if not file.exists() and not file.is_symlink():
-                    failures.append((str(file), "no such file"))
-                    continue
-                stat = file.lstat()
-                doc = await journal.call(journal.add_document, "once", file.name, "", stat.st_size, stat.st_mtime_ns)
-                await journal.call(journal.set_state, doc.id, "queued", claimed_path=str(file.absolute()))
-                doc_ids.append((file, doc.id))
-
-            async def convert(file: Path, doc_id: str) -> None:
-                while (outcome := await pipeline.process(doc_id)).state == "queued":
-                    pass  # transient failure: retried at once, up to max_attempts
-                if outcome.state is Ending.FAILED:
-                    failures.append((str(file), outcome.reason))
-                else:
-                    click.echo(f"{file}: {outcome.output_dir}")
-
-            sem = asyncio.Semaphore(settings.documents_in_flight(pages_in_flight(settings.engine, engine.name)))
-
-            async def bounded(file: Path, doc_id: str) -> None:
-                async with sem:
-                    await convert(file, doc_id)
-
-            async with asyncio.TaskGroup() as group:
-                for file, doc_id in doc_ids:
-                    group.create_task(bounded(file, doc_id))
-        finally:
-            await engine.aclose()
-            pipeline.close()
-            journal.close()
-            # Leave the output folder holding only outputs: the staging folders are empty now.
-            staging = staging_root(output_dir)
-            for leftover in (host_staging(output_dir, settings.host_id), staging, staging.parent):
-                try:
-                    leftover.rmdir()
-                except OSError:  # absent, or not empty (another chandrad's): leave it
-                    pass
-    return failures
 
 
 def _open_journal(settings: Settings) -> Journal:
