@@ -37,7 +37,9 @@ from chandra.output import parse_chunks  # noqa: E402
 from chandrad.config import PrepareSettings  # noqa: E402
 from chandrad.engine.base import PageRequest  # noqa: E402
 from chandrad.engine.tesseract import TesseractEngine  # noqa: E402
-from chandrad.output import searchable_pdf as sp  # noqa: E402
+from chandrad.pdf.build import build_searchable_pdf, searchable_base  # noqa: E402
+from chandrad.pdf.layer import PageLayer, placed_lines  # noqa: E402
+from chandrad.pdf.lines import page_text_lines  # noqa: E402
 from chandrad.prepare import prepare_document  # noqa: E402
 from chandrad.testing import render_pages  # noqa: E402
 
@@ -47,8 +49,8 @@ DEFAULT = [
 ]
 
 
-def boxes(layer: sp.PageLayer) -> list[tuple[str, tuple[float, float, float, float]]]:
-    return [(w, line.word_box(a, b)) for line in sp.placed_lines(layer) for w, a, b in line.words]
+def boxes(layer: PageLayer) -> list[tuple[str, tuple[float, float, float, float]]]:
+    return [(w, line.word_box(a, b)) for line in placed_lines(layer) for w, a, b in line.words]
 
 
 def inside(placed: list, truth: list) -> tuple[int, int]:
@@ -93,27 +95,27 @@ def main(names: list[str]) -> None:
             for image, html in pages:
                 chunks = parse_chunks(html, image)
                 started = time.process_time()
-                exact = sp.page_text_lines(image, chunks, html)
+                exact = page_text_lines(image, chunks, html)
                 exact_s += time.process_time() - started
-                truth_layer = sp.PageLayer(image.width, image.height, chunks, exact)
+                truth_layer = PageLayer(image.width, image.height, chunks, exact)
                 layers.append(truth_layer)
                 truth = boxes(truth_layer)
                 started = time.process_time()
-                only_lines = sp.page_text_lines(image, chunks, words=False)
+                only_lines = page_text_lines(image, chunks, words=False)
                 lines_s += time.process_time() - started
                 started = time.process_time()
-                with_words = sp.page_text_lines(image, chunks)
+                with_words = page_text_lines(image, chunks)
                 words_s += time.process_time() - started
                 for key, lines in (("box_only", None), ("lines", only_lines), ("words", with_words)):
-                    got = inside(boxes(sp.PageLayer(image.width, image.height, chunks, lines)), truth)
+                    got = inside(boxes(PageLayer(image.width, image.height, chunks, lines)), truth)
                     doc_hits[key][0] += got[0]
                     doc_hits[key][1] += got[1]
-            source = sp.searchable_base(path, prepared.source) if prepared.doc_type == "pdf" else path
+            source = searchable_base(path, prepared.source) if prepared.doc_type == "pdf" else path
             out = root / f"{name}.pdf"
             build_s = clock(
-                lambda: sp.build_searchable_pdf(source, prepared.doc_type, layers, out, pdfa=True, replace_text=False)
+                lambda: build_searchable_pdf(source, prepared.doc_type, layers, out, pdfa=True, replace_text=False)
             )
-            report = sp.build_searchable_pdf(source, prepared.doc_type, layers, out, pdfa=True, replace_text=False)
+            report = build_searchable_pdf(source, prepared.doc_type, layers, out, pdfa=True, replace_text=False)
 
             def open_save() -> None:
                 if prepared.doc_type == "pdf":

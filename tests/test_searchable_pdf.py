@@ -28,7 +28,10 @@ from PIL import Image, ImageOps, ImageSequence
 from chandrad.config import PrepareSettings
 from chandrad.engine.base import PageRequest
 from chandrad.engine.tesseract import TesseractEngine
-from chandrad.output import searchable_pdf as sp
+from chandrad.pdf.build import PageCountMismatch, PdfReport, build_searchable_pdf, searchable_base
+from chandrad.pdf.font import glyphless_font
+from chandrad.pdf.layer import PageLayer, placed_lines
+from chandrad.pdf.lines import block_tokens, page_text_lines
 from chandrad.prepare import prepare_document
 from chandrad.testing import render_pages
 from tests.conftest import corpus_file
@@ -55,7 +58,7 @@ class Read:
     doc_type: str
     images: list[Image.Image]
     htmls: list[str]
-    layers: list[sp.PageLayer]
+    layers: list[PageLayer]
 
 
 def _rotated_linn(target: Path) -> Path:
@@ -100,8 +103,8 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Read]:
         layers = []
         for image, html in zip(images, htmls, strict=True):
             chunks = parse_chunks(html, image)
-            layers.append(sp.PageLayer(image.width, image.height, chunks, sp.page_text_lines(image, chunks, html)))
-        base = sp.searchable_base(path, prepared.source) if prepared.doc_type == "pdf" else path
+            layers.append(PageLayer(image.width, image.height, chunks, page_text_lines(image, chunks, html)))
+        base = searchable_base(path, prepared.source) if prepared.doc_type == "pdf" else path
         return Read(base, path, prepared.doc_type, images, htmls, layers)
 
     async def read_all() -> dict[str, Read]:
@@ -114,12 +117,12 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Read]:
 
 
 @pytest.fixture(scope="module")
-def built(corpus: dict[str, Read], tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, sp.PdfReport]]:
+def built(corpus: dict[str, Read], tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, PdfReport]]:
     root = tmp_path_factory.mktemp("built")
     out = {}
     for name, read in corpus.items():
         target = root / f"{name}.pdf"
-        report = sp.build_searchable_pdf(
+        report = build_searchable_pdf(
             read.source,
             read.doc_type,
             read.layers,
@@ -201,14 +204,14 @@ def _bbox_words(pdf: Path, page: int) -> tuple[float, float, list[BoxWord]]:
     return width, height, words
 
 
-def _pixels(word: BoxWord, width_pt: float, height_pt: float, layer: sp.PageLayer) -> tuple[float, ...]:
+def _pixels(word: BoxWord, width_pt: float, height_pt: float, layer: PageLayer) -> tuple[float, ...]:
     sx, sy = layer.width / width_pt, layer.height / height_pt
     return word.x0 * sx, word.y0 * sy, word.x1 * sx, word.y1 * sy
 
 
-def _engine_boxes(layer: sp.PageLayer) -> list[tuple[str, tuple[float, float, float, float]]]:
+def _engine_boxes(layer: PageLayer) -> list[tuple[str, tuple[float, float, float, float]]]:
     """What the PDF places for each word, from the engine's own boxes (the layer was built from them)."""
-    return [(w, line.word_box(a, b)) for line in sp.placed_lines(layer) for w, a, b in line.words]
+    return [(w, line.word_box(a, b)) for line in placed_lines(layer) for w, a, b in line.words]
 
 
 # -- every document --------------------------------------------------------------------------------
@@ -286,7 +289,7 @@ def test_word_boxes_lie_on_the_page_and_inside_their_block(name, corpus, built):
     for number in report.text_pages:
         layer = read.layers[number - 1]
         width_pt, height_pt, words = _bbox_words(pdf, number)
-        boxes = [chunk["bbox"] for chunk in layer.chunks if sp.block_tokens(chunk)]
+        boxes = [chunk["bbox"] for chunk in layer.chunks if block_tokens(chunk)]
         for word in words:
             x0, y0, x1, y1 = _pixels(word, width_pt, height_pt, layer)
             assert -1 <= x0 < x1 <= layer.width + 1 and -1 <= y0 < y1 <= layer.height + 1, (number, word)
@@ -301,7 +304,7 @@ def test_word_boxes_lie_on_the_page_and_inside_their_block(name, corpus, built):
 # -- /Rotate, offsets, orientation ----------------------------------------------------------------------
 
 
-def _placed_on_engine_words(pdf: Path, number: int, layer: sp.PageLayer) -> tuple[float, float]:
+def _placed_on_engine_words(pdf: Path, number: int, layer: PageLayer) -> tuple[float, float]:
     """(share of pdftotext's words whose centre lies in the engine's box for a word of that text,
     share of words of 4+ letters whose box is wider than tall: text runs upright)."""
     width_pt, height_pt, words = _bbox_words(pdf, number)
@@ -397,7 +400,7 @@ def test_the_glyphless_font_loads_in_freetype():
     """The embedded font program is a font FreeType (poppler's and Pillow's) reads: 0.5 em per glyph."""
     from PIL import ImageFont
 
-    font = ImageFont.truetype(__import__("io").BytesIO(sp.glyphless_font()), 100)
+    font = ImageFont.truetype(__import__("io").BytesIO(glyphless_font()), 100)
     assert font.getlength("Hello") == 250
     assert font.getname() == ("ChandradInvisible", "Regular")
 
@@ -405,7 +408,7 @@ def test_the_glyphless_font_loads_in_freetype():
 def test_without_pdfa_the_pdf_is_plain(corpus, tmp_path):
     read = corpus["linn.pdf"]
     out = tmp_path / "plain.pdf"
-    report = sp.build_searchable_pdf(read.source, "pdf", read.layers, out, pdfa=False, replace_text=False)
+    report = build_searchable_pdf(read.source, "pdf", read.layers, out, pdfa=False, replace_text=False)
     assert not report.pdfa
     with pikepdf.open(out) as pdf:
         assert "/OutputIntents" not in pdf.Root
@@ -421,8 +424,8 @@ def test_what_pdfa_forbids_in_the_original_is_reported_not_claimed(tmp_path):
         page = pdf.add_blank_page(page_size=(200, 200))
         page.obj.Contents = pdf.make_stream(b"0 0 0 1 k 10 10 50 50 re f")
         pdf.save(source)
-    layer = sp.PageLayer(200, 200, [{"label": "Text", "bbox": [10, 10, 190, 40], "content": "<p>cyan key</p>"}])
-    report = sp.build_searchable_pdf(source, "pdf", [layer], tmp_path / "out.pdf", pdfa=True, replace_text=False)
+    layer = PageLayer(200, 200, [{"label": "Text", "bbox": [10, 10, 190, 40], "content": "<p>cyan key</p>"}])
+    report = build_searchable_pdf(source, "pdf", [layer], tmp_path / "out.pdf", pdfa=True, replace_text=False)
     assert not report.pdfa and any("DeviceCMYK" in reason for reason in report.pdfa_blockers)
     with pikepdf.open(tmp_path / "out.pdf") as pdf:
         assert "pdfaid:part" not in pdf.open_metadata()
@@ -454,9 +457,9 @@ def test_another_ocr_layer_is_kept_unless_replace_text_then_replaced_once(corpus
     replaced by the new one: the text is there once, not twice."""
     read, (first, _) = corpus["linn.pdf"], built["linn.pdf"]
     once = _words(_run("pdftotext", str(first), "-").stdout)
-    kept = sp.build_searchable_pdf(first, "pdf", read.layers, tmp_path / "kept.pdf", pdfa=True, replace_text=False)
+    kept = build_searchable_pdf(first, "pdf", read.layers, tmp_path / "kept.pdf", pdfa=True, replace_text=False)
     assert kept.kept_text_pages == [1] and kept.text_pages == []
-    redone = sp.build_searchable_pdf(first, "pdf", read.layers, tmp_path / "redo.pdf", pdfa=True, replace_text=True)
+    redone = build_searchable_pdf(first, "pdf", read.layers, tmp_path / "redo.pdf", pdfa=True, replace_text=True)
     assert redone.replaced_text_pages == [1] and redone.text_pages == [1]
     assert len(_words(_run("pdftotext", str(tmp_path / "redo.pdf"), "-").stdout)) == len(once)
 
@@ -464,16 +467,16 @@ def test_another_ocr_layer_is_kept_unless_replace_text_then_replaced_once(corpus
 def test_a_gap_page_gets_no_text(corpus, tmp_path):
     read = corpus["cardinal.pdf"]
     layers = [*read.layers]
-    layers[1] = sp.PageLayer(layers[1].width, layers[1].height, [], None, error="the engine gave up")
-    report = sp.build_searchable_pdf(read.source, "pdf", layers, tmp_path / "gap.pdf", pdfa=True, replace_text=False)
+    layers[1] = PageLayer(layers[1].width, layers[1].height, [], None, error="the engine gave up")
+    report = build_searchable_pdf(read.source, "pdf", layers, tmp_path / "gap.pdf", pdfa=True, replace_text=False)
     assert report.gap_pages == [2] and report.text_pages == [1, 3, 4]
     assert _run("pdftotext", "-f", "2", "-l", "2", str(tmp_path / "gap.pdf"), "-").stdout.strip() == ""
 
 
 def test_page_results_that_do_not_match_the_pages_are_refused(corpus, tmp_path):
     read = corpus["linn.pdf"]
-    with pytest.raises(sp.PageCountMismatch):
-        sp.build_searchable_pdf(read.source, "pdf", read.layers * 2, tmp_path / "x.pdf", pdfa=True, replace_text=False)
+    with pytest.raises(PageCountMismatch):
+        build_searchable_pdf(read.source, "pdf", read.layers * 2, tmp_path / "x.pdf", pdfa=True, replace_text=False)
 
 
 # -- page_text_lines ---------------------------------------------------------------------------------------
@@ -484,7 +487,7 @@ def test_tesseract_boxes_are_taken_as_they_are(corpus):
     read = corpus["linn.pdf"]
     layer = read.layers[0]
     assert layer.lines is not None
-    tokens = sum(len(sp.block_tokens(chunk)) for chunk in layer.chunks)
+    tokens = sum(len(block_tokens(chunk)) for chunk in layer.chunks)
     assert sum(line[4] for block in layer.lines for line in block) == tokens
     assert all(len(line) == 6 + 2 * line[4] for block in layer.lines for line in block)
 
@@ -495,7 +498,7 @@ def test_segmented_words_land_in_tesseract_boxes(corpus):
     read = corpus["linn.pdf"]
     image, layer = read.images[0], read.layers[0]
     truth = _engine_boxes(layer)
-    segmented = sp.PageLayer(layer.width, layer.height, layer.chunks, sp.page_text_lines(image, layer.chunks))
+    segmented = PageLayer(layer.width, layer.height, layer.chunks, page_text_lines(image, layer.chunks))
     placed = _engine_boxes(segmented)
     assert [w for w, _ in placed] == [w for w, _ in truth]
     inside = sum(
@@ -515,8 +518,8 @@ def _fax_scan() -> Image.Image:
         return pikepdf.PdfImage(raw).as_pil_image().convert("1")
 
 
-def _one_text_block(width: int, height: int) -> sp.PageLayer:
-    return sp.PageLayer(width, height, [{"label": "Text", "bbox": [100, 100, 900, 140], "content": "<p>fax page</p>"}])
+def _one_text_block(width: int, height: int) -> PageLayer:
+    return PageLayer(width, height, [{"label": "Text", "bbox": [100, 100, 900, 140], "content": "<p>fax page</p>"}])
 
 
 def _frame_pixels(path: Path) -> list[np.ndarray]:
@@ -536,7 +539,7 @@ def test_a_g4_tiff_keeps_its_fax_data_and_renders_pixel_for_pixel(frames, tmp_pa
     tiff = tmp_path / "scan.tiff"
     pages[0].save(tiff, compression="group4", dpi=(300, 300), save_all=True, append_images=pages[1:])
     out = tmp_path / "scan.pdf"
-    report = sp.build_searchable_pdf(
+    report = build_searchable_pdf(
         tiff, "image", [_one_text_block(*page.size) for page in pages], out, pdfa=True, replace_text=False
     )
     assert report.text_pages == list(range(1, frames + 1)) and report.pdfa
@@ -573,7 +576,7 @@ def test_a_png_with_alpha_keeps_it_as_a_soft_mask(tmp_path):
     source = tmp_path / "logo.png"
     rgba.save(source)
     out = tmp_path / "logo.pdf"
-    sp.build_searchable_pdf(source, "image", [_one_text_block(*rgba.size)], out, pdfa=True, replace_text=False)
+    build_searchable_pdf(source, "image", [_one_text_block(*rgba.size)], out, pdfa=True, replace_text=False)
     with pikepdf.open(out) as pdf:
         (raw,) = pdf.pages[0].get_images().values()
         assert "/SMask" in raw, "the alpha channel was dropped"
@@ -592,7 +595,7 @@ def test_a_jpeg_keeps_its_own_bytes_and_its_exif_turn_becomes_the_pages_rotate(t
     stored.save(source, quality=90, exif=exif, dpi=(200, 200))
     out = tmp_path / "phone.pdf"
     upright = (stored.height, stored.width)  # as prepare shows it to the model
-    sp.build_searchable_pdf(source, "image", [_one_text_block(*upright)], out, pdfa=False, replace_text=False)
+    build_searchable_pdf(source, "image", [_one_text_block(*upright)], out, pdfa=False, replace_text=False)
     with pikepdf.open(out) as pdf:
         page = pdf.pages[0]
         (raw,) = page.get_images().values()

@@ -19,7 +19,8 @@ from chandrad import prepare
 from chandrad.config import InboxSettings
 from chandrad.engine.base import PageRequest
 from chandrad.errors import DocumentError, InboxUnreachableError, PermanentError, TransientError
-from chandrad.output import publish, searchable_pdf
+from chandrad.output import publish
+from chandrad.pdf.lines import PageLines, page_text_lines
 from chandrad.runtime import Runtime
 from chandrad.storage.folders import inbox_reachable
 from chandrad.storage.journal import Document, PageRecord
@@ -52,13 +53,13 @@ def _first_document_error(group: BaseExceptionGroup[BaseException]) -> BaseExcep
 
 def _page_files(
     html: str, page: prepare.PageImage, images_dir: Path, inbox: InboxSettings
-) -> tuple[publish.RenderedPage, searchable_pdf.PageLines | None]:
+) -> tuple[publish.RenderedPage, PageLines | None]:
     """What is kept of a page once its image is gone (one thread hop): its figures cropped into
     staging, its chunks, and, for a searchable PDF, where its lines and words are on the image."""
     rendered = publish.save_page_images(html, page.image, images_dir, page.page_no)
     if "pdf" not in inbox.formats:
         return rendered, None
-    return rendered, searchable_pdf.page_text_lines(page.image, rendered.chunks, html, words=inbox.pdf_word_boxes)
+    return rendered, page_text_lines(page.image, rendered.chunks, html, words=inbox.pdf_word_boxes)
 
 
 class PageReader:

@@ -8,7 +8,7 @@ figures. One tesseract process per page, as many at once as there are cores.
 With ``word_boxes`` each div also carries tesseract's own boxes in ``data-lines``, in pixels of
 the page image: per line ``x0 y0 x1 y1 n s`` (top and bottom at x0, slope s / 10000) and its
 ``n`` words' ``x0 x1``, lines separated by commas, the words in the order of the div's text.
-``searchable_pdf.page_text_lines`` takes them as they are. ``chandra.output`` reads a div's
+``pdf.lines.page_text_lines`` takes them as they are. ``chandra.output`` reads a div's
 contents only, so the Markdown, HTML and JSON outputs never show them.
 """
 

@@ -28,7 +28,8 @@ from chandra.output import extract_images, parse_chunks, parse_html, parse_markd
 from PIL import Image
 
 from chandrad import __version__
-from chandrad.output.searchable_pdf import PageCountMismatch, PageLayer, build_searchable_pdf, searchable_base
+from chandrad.pdf.build import PageCountMismatch, build_searchable_pdf, searchable_base
+from chandrad.pdf.layer import PageLayer
 from chandrad.storage.durable import fsync_dir, fsync_file, write_synced
 
 log = structlog.get_logger("chandrad.output.publish")
@@ -79,7 +80,7 @@ class PageOutput:
     image_names: tuple[str, ...]
     stats: dict[str, Any]
     error: str | None = None  # a page that could not be read is published as a marked gap
-    text_lines: Any = None  # searchable_pdf.page_text_lines, measured at page time (None: estimated)
+    text_lines: Any = None  # pdf.lines.page_text_lines, measured at page time (None: estimated)
 
 
 def _gap(page: PageOutput) -> str:

@@ -115,7 +115,7 @@ class PageRecord:
     image_names: tuple[str, ...] = ()
     chunks: tuple[dict[str, Any], ...] = ()
     error: str | None = None  # the page could not be read: why
-    # Where each block's lines and words are on the page image (searchable_pdf.page_text_lines),
+    # Where each block's lines and words are on the page image (pdf.lines.page_text_lines),
     # measured while the image was in memory; None when no searchable PDF was asked for.
     text_lines: Any = None
 
