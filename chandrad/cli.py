@@ -311,7 +311,7 @@ def _megabytes(size: int) -> str:
 def _hosts_seen(settings: Settings) -> list[dict[str, object]]:
     """Every host with a heartbeat on a configured inbox, and its age by this machine's clock
     (the daemon itself judges by how long a heartbeat stays unchanged; this is for people)."""
-    from chandrad.hosts import read_heartbeat
+    from chandrad.hosts.identity import read_heartbeat
 
     seen: list[dict[str, object]] = []
     for inbox in settings.inbox:
@@ -399,9 +399,9 @@ def _put_back(journal: Journal, doc: Document, inbox: InboxSettings, host_id: st
     claimed = folders.claimed_path(inbox.path, host_id, doc.id, Path(doc.rel_path))
     original = Path(doc.final_path) if doc.final_path else None
     if original is not None and (original.exists() or original.is_symlink()):
-        from chandrad import hosts
+        from chandrad.hosts import claims
 
-        hosts.write_claim_record(claimed.parent, hosts.claim_record_of(doc, host_id))  # for a takeover
+        claims.write_claim_record(claimed.parent, claims.claim_record_of(doc, host_id))  # for a takeover
         move_durably(original, claimed)
     elif not claimed.exists():
         _refuse(

@@ -22,10 +22,12 @@ from typing import Any
 import pytest
 from PIL import Image, ImageDraw
 
-from chandrad import hosts as hostsmod
 from chandrad.config import EngineSettings, InboxSettings, Settings
 from chandrad.errors import ConfigError, InboxUnreachableError
-from chandrad.hosts import Hosts, HostWatch, check_host_id_free, mark_seen
+from chandrad.hosts import identity
+from chandrad.hosts.identity import check_host_id_free
+from chandrad.hosts.seen import mark_seen
+from chandrad.hosts.takeover import Hosts, HostWatch
 from chandrad.runtime import INBOX_THREADS, now_iso
 from chandrad.storage import folders
 from chandrad.storage.journal import Journal
@@ -179,7 +181,7 @@ def kill_a_host_and_check_the_takeover(
     to_first_takeover = min(event_time(e) for e in taken) - killed_at
     # Its last beat came at most one heartbeat interval before it died, and host-b counts the
     # takeover_seconds from when it saw that beat: no takeover sooner than their difference.
-    earliest = 3 - hostsmod.heartbeat_interval(3)
+    earliest = 3 - identity.heartbeat_interval(3)
     assert to_first_takeover >= earliest - 0.05, "not before takeover_seconds without a heartbeat change"
 
     def ready_count() -> int:
@@ -272,7 +274,7 @@ def _write_beat(settings: Settings, **content: Any) -> None:
 
 
 def test_a_host_id_whose_heartbeat_another_machine_wrote_recently_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(hostsmod, "machine_id", lambda: "this-machine")
+    monkeypatch.setattr(identity, "machine_id", lambda: "this-machine")
     settings = _clash_settings(tmp_path)
     # As Hosts.beat writes it: the time as ISO UTC (a float here would hide a parsing bug).
     _write_beat(settings, machine_id="not-this-machine", instance="theirs", pid=1, at=now_iso(time.time() - 5))
@@ -286,10 +288,10 @@ def test_a_host_id_whose_heartbeat_another_machine_wrote_recently_is_refused(tmp
 
 
 def test_without_machine_ids_two_daemons_are_told_apart_by_their_state_dirs_instance_id(tmp_path, monkeypatch):
-    monkeypatch.setattr(hostsmod, "machine_id", lambda: "")  # a container without /etc/machine-id
+    monkeypatch.setattr(identity, "machine_id", lambda: "")  # a container without /etc/machine-id
     settings = _clash_settings(tmp_path)
-    ours = hostsmod.instance_id(settings.state_dir)
-    assert ours == hostsmod.instance_id(settings.state_dir) == (settings.state_dir / "instance-id").read_text()
+    ours = identity.instance_id(settings.state_dir)
+    assert ours == identity.instance_id(settings.state_dir) == (settings.state_dir / "instance-id").read_text()
     _write_beat(settings, machine_id="", instance=ours, pid=1, at=now_iso())
     check_host_id_free(settings)  # our own heartbeat from before a restart
     _write_beat(settings, machine_id="", instance="a-cloned-vm", pid=1, at=now_iso())
@@ -300,9 +302,9 @@ def test_without_machine_ids_two_daemons_are_told_apart_by_their_state_dirs_inst
 def test_on_one_machine_a_second_daemon_is_refused_while_it_runs_and_a_replaced_state_dir_is_not(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(hostsmod, "machine_id", lambda: "this-machine")
+    monkeypatch.setattr(identity, "machine_id", lambda: "this-machine")
     settings = _clash_settings(tmp_path)
-    here = hostsmod.pid_space()
+    here = identity.pid_space()
     if not here:
         pytest.skip("this /proc does not give a boot id and pid namespace")
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -326,9 +328,9 @@ def test_on_one_machine_a_second_daemon_is_refused_while_it_runs_and_a_replaced_
 def test_a_state_dir_copied_to_another_machine_is_not_taken_for_ourselves(tmp_path, monkeypatch):
     """A golden image with the state_dir (and its instance-id) in it, cloned: each clone has its
     own machine-id, and the second to start must not share the first one's claims."""
-    monkeypatch.setattr(hostsmod, "machine_id", lambda: "clone-2")
+    monkeypatch.setattr(identity, "machine_id", lambda: "clone-2")
     settings = _clash_settings(tmp_path)
-    ours = hostsmod.instance_id(settings.state_dir)
+    ours = identity.instance_id(settings.state_dir)
     _write_beat(settings, machine_id="clone-1", instance=ours, pid=1, at=now_iso())
     with pytest.raises(ConfigError, match="a copy of this state_dir on machine-id clone-1"):
         check_host_id_free(settings)
@@ -404,7 +406,7 @@ async def test_at_start_up_a_claim_folder_the_journal_never_recorded_is_adopted_
     with its record and file: it becomes a queued document under the same id. A taker that stopped
     between its marker and its rename leaves a marker beside a claim still ours: it is removed."""
     from chandrad.document.recovery import recover
-    from chandrad.hosts import ClaimRecord, write_claim_record
+    from chandrad.hosts.claims import ClaimRecord, write_claim_record
 
     world = recovery_world
     me = world.settings.host_id

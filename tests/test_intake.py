@@ -241,7 +241,8 @@ async def test_a_file_replaced_between_its_hash_and_its_claim_is_journaled_with_
     """Another host's claim of the first file, then the scanner's next file under the same name,
     can come between our hash and our rename: the document is what we claimed, not what we read."""
     import chandrad.inbox.intake as intake_module
-    from chandrad import hosts, prepare
+    from chandrad import prepare
+    from chandrad.hosts import claims
 
     first, second = text_png("the first scan"), text_png("the next scan under the same name")
     source = world.drop("scan.png", first)
@@ -266,7 +267,7 @@ async def test_a_file_replaced_between_its_hash_and_its_claim_is_journaled_with_
     assert doc is not None and doc.state == "queued"
     assert doc.sha256 == hashlib.sha256(second).hexdigest() != hashlib.sha256(first).hexdigest()
     assert doc.size == len(second)
-    record = hosts.read_claim_record(Path(doc.claimed_path).parent)
+    record = claims.read_claim_record(Path(doc.claimed_path).parent)
     assert record is not None and record.sha256 == doc.sha256
     assert len(hashed) == 2, "hashed again, once, from the claim"
 

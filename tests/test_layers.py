@@ -53,7 +53,7 @@ def test_the_package_as_it_is_keeps_every_contract(package_copy: Path) -> None:
         ("output/planted.py", "from chandrad.inbox import intake\n", "the flow's layers"),
         # an import for a type only is still a dependency (added to an existing module).
         (
-            "hosts.py",
+            "hosts/takeover.py",
             "\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from chandrad.service.daemon import Daemon\n",
             "the flow's layers",
         ),

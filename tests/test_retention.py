@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from chandrad import hosts
 from chandrad.cli import main
 from chandrad.config import EngineSettings, InboxSettings, RetentionSettings, Settings
 from chandrad.document import retention
 from chandrad.document.retention import DAY_SECONDS, Pruner
+from chandrad.hosts import seen, sweep
 from chandrad.inbox.intake import Intake
 from chandrad.inbox.watch import SettledFile
 from chandrad.output.failures import Failures
@@ -189,22 +189,22 @@ def test_a_seen_marker_is_written_sharded_and_an_older_chandrads_flat_one_still_
         content = sha("sharded")
         first = journal.add_document("scans", "a.pdf", content, 1, 1)
         second = journal.add_document("scans", "b.pdf", content, 1, 1)
-        assert hosts.mark_seen(tmp_path, content, "host-a", first) is None
+        assert seen.mark_seen(tmp_path, content, "host-a", first) is None
         sharded = tmp_path / ".chandrad" / "seen" / content[:2] / content[2:4] / content
         assert json.loads(sharded.read_text())["doc_id"] == first.id
         assert not (tmp_path / ".chandrad" / "seen" / content).exists()
 
         flat_content = sha("flat")
         flat = marker(tmp_path, "0123456789abcdef", flat_content, YOUNG, flat=True)
-        twin = hosts.mark_seen(tmp_path, flat_content, "host-a", second)
+        twin = seen.mark_seen(tmp_path, flat_content, "host-a", second)
         assert twin is not None and twin["doc_id"] == "0123456789abcdef", "the flat marker names a twin"
         assert not folders.seen_marker(tmp_path, flat_content).exists(), "no second marker beside it"
 
-        hosts.forget_seen(tmp_path, flat_content, "someone-else")
+        seen.forget_seen(tmp_path, flat_content, "someone-else")
         assert flat.exists(), "only the marker of the document that failed goes"
-        hosts.forget_seen(tmp_path, flat_content, "0123456789abcdef")
+        seen.forget_seen(tmp_path, flat_content, "0123456789abcdef")
         assert not flat.exists()
-        hosts.forget_seen(tmp_path, content, first.id)
+        seen.forget_seen(tmp_path, content, first.id)
         assert not sharded.exists()
     finally:
         journal.close()
@@ -354,18 +354,18 @@ async def test_a_pass_runs_every_journal_batch_and_marker_step_off_the_event_loo
             await published(world, f"old-{n}.pdf", f"old {n}".encode(), OLD)
         lay_out_markers(world.inbox.path)
         threads: list[str] = []
-        real_prune, real_step = Journal.prune, hosts.MarkerSweep.step
+        real_prune, real_step = Journal.prune, sweep.MarkerSweep.step
 
         def prune(self: Journal, cutoff: float, limit: int) -> object:
             threads.append(threading.current_thread().name)
             return real_prune(self, cutoff, limit)
 
-        def step(self: hosts.MarkerSweep, limit: int) -> bool:
+        def step(self: sweep.MarkerSweep, limit: int) -> bool:
             threads.append(threading.current_thread().name)
             return real_step(self, limit)
 
         monkeypatch.setattr(Journal, "prune", prune)
-        monkeypatch.setattr(hosts.MarkerSweep, "step", step)
+        monkeypatch.setattr(sweep.MarkerSweep, "step", step)
         report = await world.pruner().prune_once(NOW)
         assert report.rows == 5 and report.batches == 3 and report.steps > 5
         assert len(threads) == report.batches + report.steps
@@ -479,9 +479,9 @@ def prune_then_maybe_die(spec: dict[str, object]) -> None:
     journal = Journal(settings.state_dir / "journal.sqlite3")
     if kill == "statement":  # inside a batch's transaction, as its n-th document row is deleted
         journal._db.set_trace_callback(lambda sql: count(sql.startswith("DELETE FROM documents")))
-    real_step, real_unlink = hosts.MarkerSweep.step, hosts._unlink
+    real_step, real_unlink = sweep.MarkerSweep.step, sweep._unlink
 
-    def step(self: hosts.MarkerSweep, limit: int) -> bool:  # after n whole marker steps
+    def step(self: sweep.MarkerSweep, limit: int) -> bool:  # after n whole marker steps
         done = real_step(self, limit)
         count(kill == "step")
         return done
@@ -491,8 +491,8 @@ def prune_then_maybe_die(spec: dict[str, object]) -> None:
         count(removed and (kill == "unlink" or (kill == "heartbeat" and path.name == "heartbeat")))
         return removed
 
-    hosts.MarkerSweep.step = step  # type: ignore[method-assign]
-    hosts._unlink = unlink
+    sweep.MarkerSweep.step = step  # type: ignore[method-assign]
+    sweep._unlink = unlink
     runtime = Runtime(settings, journal, DrawingEngine())
     asyncio.run(Pruner(lambda: settings, runtime).prune_once(float(str(spec["now"]))))
 

@@ -5,7 +5,7 @@ is claimed now (or forgotten, if its file is gone: it never entered), one claime
 short in intake's duplicate check) is queued, where the stages check it again; ``preparing`` and
 ``inferring`` go back to ``queued`` (their finished pages are kept); ``queued`` and ``publishing``
 resume as they are (the stages know how); a document another host took over while this one was
-down is forgotten (``hosts.taken_over_by``), and a claim folder of ours the journal never recorded
+down is forgotten (``hosts.claims.taken_over_by``), and a claim folder of ours the journal never recorded
 is adopted. ``sweep_leftovers`` then removes the staging, work and empty claim folders of
 documents that are final.
 """
@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 import structlog
 
-from chandrad import hosts
 from chandrad.errors import InboxUnreachableError
+from chandrad.hosts import claims, seen
 from chandrad.runtime import Runtime, remove_claim_folder
 from chandrad.storage import folders
 from chandrad.storage.durable import move_durably
@@ -56,7 +56,7 @@ async def recover(runtime: Runtime) -> list[str]:
         claimed = folders.claimed_path(inbox.path, runtime.host_id, doc.id, Path(doc.rel_path))
         taker = await runtime.on_inbox(inbox.path, _taken_over, inbox.path, doc, claimed)
         if taker is not None:
-            await hosts.forget_taken_over(runtime, doc, inbox, taker)
+            await claims.forget_taken_over(runtime, doc, inbox, taker)
             continue
         if doc.state == "settled" and doc.claimed_path:
             # Claimed, then cut short in intake's duplicate check or while failing as a copy: the
@@ -105,8 +105,8 @@ def _finish_claim(inbox_path: Path, doc: Document, claimed: Path, host_id: str) 
     if not (source.exists() or source.is_symlink()):
         remove_claim_folder(claimed.parent)
         return False
-    if hosts.read_claim_record(claimed.parent) is None:
-        hosts.write_claim_record(claimed.parent, hosts.claim_record_of(doc, host_id))
+    if claims.read_claim_record(claimed.parent) is None:
+        claims.write_claim_record(claimed.parent, claims.claim_record_of(doc, host_id))
     try:
         move_durably(source, claimed)
     except FileNotFoundError:  # another host claimed it a moment ago
@@ -119,17 +119,17 @@ def _taken_over(inbox_path: Path, doc: Document, claimed_here: Path) -> str | No
     """The host that took this document over while we were down, or None (blocking).
     ``claimed_here``: where it would be claimed now (a ``settled`` row has no ``claimed_path``)."""
     claimed = Path(doc.claimed_path) if doc.claimed_path else claimed_here
-    owner = hosts.claim_owner(inbox_path, claimed)
+    owner = claims.claim_owner(inbox_path, claimed)
     if owner is None:
         return None  # claimed by an older chandrad (no host level): no other host takes those
     if claimed.exists() or claimed.is_symlink():
-        hosts.keep_claim(inbox_path, owner, doc.id)
+        claims.keep_claim(inbox_path, owner, doc.id)
         return None
-    taker = hosts.taken_over_by(inbox_path, owner, doc.id)
-    if taker is not None and _moved_by_us(doc) and hosts.marker_before_rename(inbox_path, owner, doc.id):
+    taker = claims.taken_over_by(inbox_path, owner, doc.id)
+    if taker is not None and _moved_by_us(doc) and claims.marker_before_rename(inbox_path, owner, doc.id):
         # A taker that stopped before its rename, then our own publish and move, then a crash
         # before the journal said so: the document is ours (and published).
-        hosts.keep_claim(inbox_path, owner, doc.id)
+        claims.keep_claim(inbox_path, owner, doc.id)
         return None
     return taker
 
@@ -157,7 +157,7 @@ async def _adopt_unrecorded_claims(runtime: Runtime, unreachable: set[Path]) -> 
         for entry in await runtime.on_inbox(inbox.path, _subfolders, folders.host_claims(inbox.path, runtime.host_id)):
             if await runtime.journal.call(runtime.journal.find, entry.name) is not None:
                 continue
-            doc = await hosts.journal_claim(runtime, inbox, entry)
+            doc = await claims.journal_claim(runtime, inbox, entry)
             if doc is not None:
                 log.info("adopted a claimed document the journal had not recorded", doc=doc.id, file=doc.rel_path)
                 adopted.append(doc.id)
@@ -196,7 +196,7 @@ async def sweep_leftovers(runtime: Runtime, unreachable: frozenset[Path] | set[P
     for doc in await journal.call(journal.recent, FAILED_MARKERS_CHECKED, "failed"):
         failed_in = runtime.inboxes.get(doc.inbox)
         if failed_in is not None and doc.sha256 and runtime.move_originals:
-            await runtime.on_inbox(failed_in.path, hosts.forget_seen, failed_in.path, doc.sha256, doc.id)
+            await runtime.on_inbox(failed_in.path, seen.forget_seen, failed_in.path, doc.sha256, doc.id)
 
 
 async def _sweep(runtime: Runtime, kind: str, base: Path, only_known: bool, inbox_path: Path | None) -> None:

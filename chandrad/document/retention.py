@@ -3,10 +3,10 @@
 A pass (``Pruner.prune_once``) removes, each judged by its own age against one cutoff: final journal
 rows (published, failed; never one whose delivery is still pending) with their page and delivery
 rows (``Journal.prune``), then on each inbox the seen markers, takeover markers, leftovers of
-crashes and the heartbeats and empty folders of hosts dead that long (``hosts.MarkerSweep``). A copy
-of a document is a duplicate while its journal row or its seen marker is there (``intake.
-duplicate_of`` asks both), so a copy is processed again once both are gone: duplicates are
-recognised within ``retention.days``.
+crashes and the heartbeats and empty folders of hosts dead that long
+(``hosts.sweep.MarkerSweep``). A copy of a document is a duplicate while its journal row or its
+seen marker is there (``intake.duplicate_of`` asks both), so a copy is processed again once both
+are gone: duplicates are recognised within ``retention.days``.
 
 Crash safety. Every removal is atomic on its own: a batch of rows is one transaction, a marker one
 unlink. None is decided by another's presence (a marker is not removed because its row went, nor
@@ -35,7 +35,7 @@ import structlog
 
 from chandrad.config import Settings
 from chandrad.errors import InboxUnreachableError
-from chandrad.hosts import MarkerSweep
+from chandrad.hosts.sweep import MarkerSweep
 from chandrad.runtime import Runtime
 from chandrad.storage import folders
 

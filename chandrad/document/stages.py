@@ -23,11 +23,12 @@ from pathlib import Path
 import structlog
 from structlog.contextvars import bound_contextvars
 
-from chandrad import hosts, prepare
+from chandrad import prepare
 from chandrad.config import InboxSettings
 from chandrad.document.pages import PageReader, check_inbox_reachable
 from chandrad.engine import pages_in_flight
 from chandrad.errors import DiskFullError, DocumentError, PermanentError, TransientError, is_disk_full
+from chandrad.hosts import claims
 from chandrad.inbox.intake import duplicate_of
 from chandrad.output import delivery, publish
 from chandrad.output.failures import Failures
@@ -69,9 +70,9 @@ class DocumentStages:
         with bound_contextvars(doc=doc.id, inbox=inbox.name, file=doc.rel_path):
             try:
                 return await self._journey(doc, inbox)
-            except hosts.ClaimLost as lost:
+            except claims.ClaimLost as lost:
                 # Another host has the original now and publishes it: nothing is reported here.
-                await hosts.forget_taken_over(self.runtime, doc, inbox, lost.taker)
+                await claims.forget_taken_over(self.runtime, doc, inbox, lost.taker)
                 return Outcome(doc_id, Ending.TAKEN_OVER)
             except DocumentError as error:
                 return await self.failures.handle(doc_id, error)
@@ -144,9 +145,9 @@ class DocumentStages:
         if not self.runtime.move_originals:
             return
         inbox, doc_id = work.inbox.path, work.doc.id
-        taker = await self.runtime.probe(inbox, lambda: hosts.lost_to(inbox, work.claimed, doc_id))
+        taker = await self.runtime.probe(inbox, lambda: claims.lost_to(inbox, work.claimed, doc_id))
         if taker is not None:
-            raise hosts.ClaimLost(taker)
+            raise claims.ClaimLost(taker)
 
     async def prepare(self, work: Work) -> None:
         journal, settings = self.runtime.journal, self.runtime.settings
@@ -244,7 +245,7 @@ class DocumentStages:
             if self.runtime.move_originals:
                 # And beside the claimed original: a host taking this document over after a crash
                 # right after the rename finishes it instead of publishing it a second time.
-                await self.runtime.on_inbox(inbox.path, hosts.note_output_dir, work.claimed, target)
+                await self.runtime.on_inbox(inbox.path, claims.note_output_dir, work.claimed, target)
             try:
                 await asyncio.to_thread(rename_dir_durably, work.staging, target)
                 return

@@ -5,7 +5,7 @@
 re-using the name cannot touch it, and of several hosts only one wins it), checks it is no copy, and
 only then marks it ``queued``: a queued row is the workers' to take.
 Files that can never be read (a link, a device) and copies of content already taken in (here, or by
-another host: ``hosts.mark_seen``) are journaled too, then failed with their reason: every name
+another host: ``hosts.seen.mark_seen``) are journaled too, then failed with their reason: every name
 that enters an inbox ends somewhere.
 """
 
@@ -19,9 +19,10 @@ from typing import Any
 
 import structlog
 
-from chandrad import hosts, prepare
+from chandrad import prepare
 from chandrad.config import InboxSettings
 from chandrad.errors import DocumentError, DuplicateError, PermanentError
+from chandrad.hosts import claims, seen
 from chandrad.inbox.watch import SettledFile
 from chandrad.output import delivery
 from chandrad.output.failures import Failures
@@ -54,7 +55,7 @@ async def duplicate_of(runtime: Runtime, doc: Document, inbox: InboxSettings) ->
     if not runtime.move_originals:
         return None
     for _ in range(3):
-        marker = await runtime.probe(inbox.path, lambda: hosts.mark_seen(inbox.path, doc.sha256, runtime.host_id, doc))
+        marker = await runtime.probe(inbox.path, lambda: seen.mark_seen(inbox.path, doc.sha256, runtime.host_id, doc))
         if marker is None:
             return None
         known = await journal.call(journal.find, str(marker.get("doc_id")))
@@ -63,7 +64,7 @@ async def duplicate_of(runtime: Runtime, doc: Document, inbox: InboxSettings) ->
                 f"{marker.get('rel_path')} (taken in by host {marker.get('host_id')} at {marker.get('at')})"
             )
         # A marker our own failed document left (a crash before its removal): no twin.
-        await runtime.on_inbox(inbox.path, hosts.forget_seen, inbox.path, doc.sha256, known.id)
+        await runtime.on_inbox(inbox.path, seen.forget_seen, inbox.path, doc.sha256, known.id)
     return None
 
 
@@ -176,11 +177,11 @@ class Intake:
         until intake is done with it (recovery queues a ``settled`` row whose file is claimed)."""
         inbox, journal = settled.inbox, self.runtime.journal
         claimed = folders.claimed_path(inbox.path, self.runtime.host_id, doc.id, settled.rel_path)
-        record = hosts.claim_record_of(doc, self.runtime.host_id)
+        record = claims.claim_record_of(doc, self.runtime.host_id)
         try:
             # The record first: a claim folder holding a file always says what it is (a takeover
             # needs that), and a claim lost to another host leaves only the record, removed here.
-            await self.runtime.on_inbox(inbox.path, hosts.write_claim_record, claimed.parent, record)
+            await self.runtime.on_inbox(inbox.path, claims.write_claim_record, claimed.parent, record)
             await self.runtime.on_inbox(inbox.path, move_durably, settled.path, claimed)
         except FileNotFoundError:
             # Gone before it was taken in (another host's claim came first): no document.
@@ -225,9 +226,9 @@ class Intake:
                 log.info("file replaced before its claim; hashed again", inbox=inbox.name, file=str(settled.rel_path))
                 # The claim record first: after a crash in between, a host taking the claim over
                 # reads the record, and only this host's own journal keeps the old hash.
-                record = hosts.claim_record_of(
+                record = claims.claim_record_of(
                     replace(doc, sha256=sha256, size=size, mtime_ns=mtime_ns), self.runtime.host_id
                 )
-                await self.runtime.on_inbox(inbox.path, hosts.write_claim_record, claimed.parent, record)
+                await self.runtime.on_inbox(inbox.path, claims.write_claim_record, claimed.parent, record)
                 journaled.update(sha256=sha256, size=size, mtime_ns=mtime_ns)
         return await journal.call(journal.set_state, doc.id, "settled", **journaled)

@@ -16,10 +16,10 @@ from typing import Any
 
 import structlog
 
-from chandrad import hosts
 from chandrad.backoff import backoff_seconds
 from chandrad.config import InboxSettings
 from chandrad.errors import DocumentError, WaitError
+from chandrad.hosts import claims, seen
 from chandrad.output import delivery
 from chandrad.runtime import Ending, Outcome, Runtime, now_iso
 from chandrad.storage import naming
@@ -153,9 +153,9 @@ class Failures:
             # An original gone because another host took it over is that host's to publish or
             # fail: failing it here too would report a document that is not lost, and drop the
             # seen marker that now names the taker's copy.
-            taker = await runtime.probe(inbox.path, lambda: hosts.lost_to(inbox.path, claimed, doc.id))
+            taker = await runtime.probe(inbox.path, lambda: claims.lost_to(inbox.path, claimed, doc.id))
             if taker is not None:
-                await hosts.forget_taken_over(runtime, doc, inbox, taker)
+                await claims.forget_taken_over(runtime, doc, inbox, taker)
                 return Outcome(doc.id, Ending.TAKEN_OVER)
             report = failure_report(doc, inbox, entry, [*doc.history, entry])
             try:
@@ -216,7 +216,7 @@ class Failures:
         if not self.runtime.move_originals or not doc.sha256:
             return
         try:
-            await self.runtime.on_inbox(inbox.path, hosts.forget_seen, inbox.path, doc.sha256, doc.id)
+            await self.runtime.on_inbox(inbox.path, seen.forget_seen, inbox.path, doc.sha256, doc.id)
         except OSError as error:
             log.warning("cannot remove the content's seen marker", error=str(error))
 

@@ -28,7 +28,8 @@ from chandrad.document.retention import Pruner
 from chandrad.engine import Engine, create_engine, loads_model_files, pages_in_flight
 from chandrad.engine.processes import end_engines_left_behind
 from chandrad.errors import ConfigError
-from chandrad.hosts import Hosts, check_host_id_free
+from chandrad.hosts.identity import check_host_id_free
+from chandrad.hosts.takeover import Hosts
 from chandrad.inbox.intake import CONCURRENT_INTAKES
 from chandrad.inbox.watch import InboxWatcher, SettledFile
 from chandrad.metrics import Metrics, ObservedEngine
