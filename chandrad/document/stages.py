@@ -23,7 +23,7 @@ from pathlib import Path
 import structlog
 from structlog.contextvars import bound_contextvars
 
-from chandrad import prepare
+from chandrad import prepare, tools
 from chandrad.config import InboxSettings
 from chandrad.document.pages import PageReader, check_inbox_reachable
 from chandrad.engine import pages_in_flight
@@ -65,8 +65,8 @@ class DocumentStages:
         journal = self.runtime.journal
         doc = await journal.call(journal.get, doc_id)
         inbox = self.runtime.inbox_of(doc)
-        tools: set[subprocess.Popen[bytes]] = set()
-        token = prepare.running_tools.set(tools)
+        programs: set[subprocess.Popen[bytes]] = set()
+        token = tools.running_tools.set(programs)
         with bound_contextvars(doc=doc.id, inbox=inbox.name, file=doc.rel_path):
             try:
                 return await self._journey(doc, inbox)
@@ -79,7 +79,7 @@ class DocumentStages:
             except asyncio.CancelledError:
                 # Stopping (drain deadline passed): the worker thread cannot be cancelled, but the
                 # program it waits for can; the document resumes at the next start.
-                if killed := prepare.kill_tools(tools):
+                if killed := tools.kill_tools(programs):
                     log.info("stopped the document's running programs", count=killed)
                 raise
             except Exception as error:  # a bug must not kill the daemon; it is retried, then failed
@@ -91,7 +91,7 @@ class DocumentStages:
                     doc_id, TransientError(f"internal error: {type(error).__name__}: {error}", stage="internal")
                 )
             finally:
-                prepare.running_tools.reset(token)
+                tools.running_tools.reset(token)
 
     async def _journey(self, doc: Document, inbox: InboxSettings) -> Outcome:
         """The steps in their order; each returns once its state is committed."""

@@ -14,7 +14,7 @@ import asyncio
 import gc
 import signal
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,7 +26,6 @@ from chandrad.config import Settings, load_settings, prepare_folders
 from chandrad.document.pipeline import Pipeline
 from chandrad.document.retention import Pruner
 from chandrad.engine import Engine, create_engine, loads_model_files, pages_in_flight
-from chandrad.engine.processes import end_engines_left_behind
 from chandrad.errors import ConfigError
 from chandrad.hosts.identity import check_host_id_free
 from chandrad.hosts.takeover import Hosts
@@ -38,6 +37,13 @@ from chandrad.model.fetch import fetch_model_async
 from chandrad.model.progress import FetchProgress
 from chandrad.output.delivery import Deliverer
 from chandrad.service.notify import Notifier
+from chandrad.service.starting import (
+    end_engines_of_a_killed_chandrad,
+    extend_start_timeout,
+    report_download,
+    run_unless_stopped,
+    serve_metrics,
+)
 from chandrad.service.stopping import EXIT_RESERVE_SECONDS, Backstop, LoopTasks, where_it_waits
 from chandrad.service.workqueue import WorkQueue
 from chandrad.storage.journal import Journal
@@ -53,8 +59,6 @@ RETRY_QUEUE_DEPTH = 4  # × documents in flight: queued documents the retry loop
 TICK_SECONDS = 1.0
 # A watcher that has not ticked for this long (its rescan can take a while on a big share) is hung.
 WATCHER_STALL_SECONDS = 120.0
-# While a large model loads, systemd's start timeout is pushed out by this much at a time.
-EXTEND_START_SECONDS = 90.0
 MEMORY_SAMPLE_SECONDS = 10.0  # NVML takes a few ms: not every tick
 # The config file read and each inbox's folders checked at start and at SIGHUP, in threads of the
 # service's own (never on the loop, never behind page renders): a share that does not answer within
@@ -62,27 +66,6 @@ MEMORY_SAMPLE_SECONDS = 10.0  # NVML takes a few ms: not every tick
 FOLDER_CHECK_SECONDS = 20.0
 # Of the stop's time, what the engine's close and the journal's are given after the loops have ended.
 SHUTDOWN_RESERVE_SECONDS = 4.0
-
-
-async def run_unless_stopped(work: Coroutine[Any, Any, None], should_exit: asyncio.Event) -> bool:
-    """Run ``work`` unless a stop signal comes first, which cancels it: whether it ran to the end."""
-    task = asyncio.create_task(work)
-    stop_asked = asyncio.create_task(should_exit.wait())
-    try:
-        await asyncio.wait({task, stop_asked}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stop_asked.cancel()
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-    if not task.cancelled() and task.exception() is None:
-        return True
-    if not should_exit.is_set():
-        task.result()  # its error: it failed on its own
-    if not task.cancelled():
-        # The error of a start ended by the stop (or failing as the stop came) is no start-up failure.
-        log.info("the engine start ended with an error after the stop", error=str(task.exception()))
-    return False
 
 
 async def supervised(name: str, loop_fn: Callable[[], Awaitable[None]]) -> None:
@@ -101,52 +84,6 @@ async def supervised(name: str, loop_fn: Callable[[], Awaitable[None]]) -> None:
 def task_stacks() -> dict[str, str]:
     """Each live task of the running loop by name, with the chain of awaits it is suspended in."""
     return dict(sorted((task.get_name(), where_it_waits(task)) for task in asyncio.all_tasks()))
-
-
-async def extend_start_timeout(notifier: Notifier, downloading: Callable[[], bool] = lambda: False) -> None:
-    """Loading a large model can outlast TimeoutStartSec: keep telling systemd we are working.
-
-    While the model downloads, arriving bytes extend it instead (``report_download``), so a
-    download that stalls stops extending it and systemd's timeout ends the start.
-    """
-    while True:
-        if not downloading():
-            notifier.extend_timeout(EXTEND_START_SECONDS)
-        await asyncio.sleep(EXTEND_START_SECONDS / 3)
-
-
-def report_download(notifier: Notifier) -> Callable[[FetchProgress], None]:
-    """What a start-up download tells systemd while bytes arrive: its progress, and more time."""
-
-    def report(progress: FetchProgress) -> None:  # called in the download's threads
-        notifier.status(progress.line())
-        notifier.extend_timeout(EXTEND_START_SECONDS)
-
-    return report
-
-
-def serve_metrics(metrics: Metrics, address: str) -> None:
-    if not address:
-        return
-    try:
-        metrics.serve(address)
-    except OSError as error:
-        raise ConfigError(
-            f"cannot serve metrics on {address}: {error.strerror}; "
-            f'change metrics_address (or set it to "" to turn metrics off)'
-        ) from None
-
-
-async def end_engines_of_a_killed_chandrad(state_dir: Path) -> None:
-    """vLLM EngineCores a chandrad killed earlier left running hold the GPU memory the new engines
-    need: end them first (in a thread: it waits for them to exit)."""
-    left_behind = await asyncio.to_thread(end_engines_left_behind, state_dir)
-    if left_behind:
-        log.warning(
-            "ended vLLM engine processes that a chandrad killed earlier had left running (they "
-            "held GPU memory the new engines need)",
-            pids=left_behind,
-        )
 
 
 class Daemon:
