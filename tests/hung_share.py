@@ -75,12 +75,13 @@ asyncio.events.Handle._run = timed_run  # type: ignore[method-assign]
 
 import chandrad.config  # noqa: E402
 import chandrad.service.daemon  # noqa: E402
+import chandrad.config.settings  # noqa: E402
 import chandrad.storage.folders  # noqa: E402
 from chandrad.cli import main  # noqa: E402
 
 # The deadlines that measure a share, shortened so that the test does not wait out 20 s ones.
 chandrad.storage.folders.PROBE_TIMEOUT_SECONDS = 2.0
 chandrad.service.daemon.FOLDER_CHECK_SECONDS = 2.0
-chandrad.config.RESOLVE_SECONDS = 1.0
+chandrad.config.settings.RESOLVE_SECONDS = 1.0
 sys.argv = ["chandrad", *args]
 main()

@@ -31,7 +31,7 @@ def test_inbox_folders_default_to_siblings_and_env_overrides_the_file(tmp_path, 
 
 def test_embedded_defaults_give_one_inbox(monkeypatch, tmp_path):
     monkeypatch.delenv("CHANDRAD_CONFIG", raising=False)
-    monkeypatch.setattr("chandrad.config.DEFAULT_CONFIG_PATHS", (tmp_path / "absent.toml",))
+    monkeypatch.setattr("chandrad.config.loading.DEFAULT_CONFIG_PATHS", (tmp_path / "absent.toml",))
     settings = load_settings(None)
     assert [inbox.path for inbox in settings.inbox] == [Path("/srv/chandrad/inbox")]
     assert settings.inbox[0].outbox == Path("/srv/chandrad/outbox")

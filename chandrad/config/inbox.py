@@ -1,0 +1,213 @@
+"""``[[inbox]]`` and ``[[inbox.rule]]``: an inbox's folders and output settings, and its rules (the
+globs they match with)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from chandrad.config.base import OutputFormat, StrictModel
+
+
+@functools.lru_cache(maxsize=256)
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """A rule's glob as a regex on the path relative to the inbox ("/"-separated), case-insensitive
+    like the inbox's include/ignore patterns: ``*`` and ``?`` stay within one folder level, ``[...]``
+    is a character class (``[!...]`` negated), and ``**`` as a whole level matches any number of
+    levels (``invoices/**``: everything under invoices/; ``**/*.tif``: a .tif at any depth, the
+    inbox's top level included). A pattern without "/" matches files at the top level only."""
+    parts: list[str] = []
+    segments = pattern.split("/")
+    for index, segment in enumerate(segments):
+        last = index == len(segments) - 1
+        if segment == "**":
+            parts.append(".*" if last else "(?:[^/]*/)*")
+            continue
+        parts.append(_segment_regex(segment) + ("" if last else "/"))
+    return re.compile("".join(parts), re.IGNORECASE)
+
+
+def _segment_regex(segment: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(segment):
+        char = segment[i]
+        if char == "*":
+            out.append("[^/]*")
+        elif char == "?":
+            out.append("[^/]")
+        elif char == "[":
+            end = segment.find("]", i + 2 if segment[i + 1 : i + 2] in ("!", "^") else i + 1)
+            if end == -1:
+                raise ValueError(f"unclosed [ in the pattern segment {segment!r}")
+            body = segment[i + 1 : end]
+            if body[:1] in ("!", "^"):
+                body = "^" + body[1:]
+            out.append("[" + body.replace("\\", "\\\\") + "]")
+            i = end
+        else:
+            out.append(re.escape(char))
+        i += 1
+    return "".join(out)
+
+
+def glob_matches(pattern: str, rel_path: str) -> bool:
+    return glob_regex(pattern).fullmatch(rel_path.replace(os.sep, "/")) is not None
+
+
+class InboxRule(StrictModel):
+    """``[[inbox.rule]]``: settings for the files of an inbox whose relative path matches ``match``.
+    Keys left out keep the inbox's own value; the first rule that matches wins."""
+
+    match: str
+    prompt_type: Literal["ocr_layout", "ocr"] | None = None
+    formats: tuple[OutputFormat, ...] | None = None
+    on_success: Literal["archive", "delete", "keep"] | None = None
+    date_prefix: bool | None = None
+    duplicates: Literal["skip", "reprocess"] | None = None
+    # Which [[webhook]] / [[hook]] names apply to these files (instead of those the inbox gets); [] = none.
+    webhooks: tuple[str, ...] | None = None
+    hooks: tuple[str, ...] | None = None
+
+    @field_validator("match")
+    @classmethod
+    def _valid_glob(cls, match: str) -> str:
+        if not match or match.startswith("/") or ".." in match.split("/"):
+            raise ValueError(f'match {match!r} must be a glob relative to the inbox, such as "invoices/**"')
+        try:
+            glob_regex(match)
+        except (ValueError, re.error) as error:
+            raise ValueError(f"match {match!r} is not a valid glob: {error}") from None
+        return match
+
+    @field_validator("formats")
+    @classmethod
+    def _formats_not_empty(cls, formats: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if formats is not None and not formats:
+            raise ValueError("list at least one of md, html, json, pdf")
+        return formats
+
+    def overrides(self) -> dict[str, Any]:
+        """The inbox keys this rule sets."""
+        keys = ("prompt_type", "formats", "on_success", "date_prefix", "duplicates", "webhooks", "hooks")
+        return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
+
+
+class InboxSettings(StrictModel):
+    """One watched folder and where its documents go."""
+
+    path: Path
+    outbox: Path
+    archive: Path | None = None
+    failed: Path
+    name: str = ""
+    recursive: bool = True
+    # "auto": polling when the inbox lives on cifs/smb/nfs/fuse (inotify sees no remote writes there).
+    polling: Literal["auto"] | bool = "auto"
+    poll_interval_seconds: float = Field(default=5.0, gt=0)
+    rescan_seconds: float = Field(default=300.0, gt=0)
+    settle_seconds: float = Field(default=5.0, ge=0)
+    # Scanners that create the name empty and fill it later: an empty file must stay empty this long.
+    empty_settle_seconds: float = Field(default=60.0, ge=0)
+    include: tuple[str, ...] = ("*",)
+    ignore: tuple[str, ...] = ()
+    on_success: Literal["archive", "delete", "keep"] = "archive"
+    prompt_type: Literal["ocr_layout", "ocr"] = "ocr_layout"
+    formats: tuple[OutputFormat, ...] = ("md", "html", "json")
+    date_prefix: bool = False
+    duplicates: Literal["skip", "reprocess"] = "skip"
+    compress: Literal["lossless", "ebook", "printer"] = "lossless"
+    pdf_password: str | None = None
+    # The searchable PDF ("pdf" in formats): PDF/A-2b unless false; a text layer already in the PDF is
+    # kept (no doubled text) unless pdf_replace_text; pdf_word_boxes places each word on its own box;
+    # pdf_to also drops the PDF into another folder (e.g. a document system's consume folder).
+    pdfa: bool = True
+    pdf_replace_text: bool = False
+    pdf_word_boxes: bool = True
+    pdf_to: Path | None = None
+    # Which [[webhook]] / [[hook]] names apply to this inbox's documents. Default (unset): every one
+    # whose own `inboxes` list names this inbox or is unset.
+    webhooks: tuple[str, ...] | None = None
+    hooks: tuple[str, ...] | None = None
+    # [[inbox.rule]] tables: settings per sub-folder or kind of file, the first match wins.
+    rule: tuple[InboxRule, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_folders(cls, data: Any) -> Any:
+        """Only ``path`` is required: outbox/archive/failed default to siblings of the inbox."""
+        if isinstance(data, dict) and "path" in data:
+            base = Path(data["path"]).parent
+            data = dict(data)
+            data.setdefault("outbox", base / "outbox")
+            data.setdefault("failed", base / "failed")
+            rules = data.get("rule") or ()
+            wants_archive = [data.get("on_success", "archive")] + [
+                rule.get("on_success") if isinstance(rule, dict) else getattr(rule, "on_success", None)
+                for rule in rules
+            ]
+            if "archive" in wants_archive:
+                data.setdefault("archive", base / "archive")
+            data.setdefault("name", Path(data["path"]).name)
+        return data
+
+    @field_validator("formats")
+    @classmethod
+    def _formats_not_empty(cls, formats: tuple[str, ...]) -> tuple[str, ...]:
+        if not formats:
+            raise ValueError("list at least one of md, html, json, pdf")
+        return formats
+
+    @model_validator(mode="after")
+    def _archive_needed(self) -> InboxSettings:
+        if self.on_success == "archive" and self.archive is None:
+            raise ValueError('on_success = "archive" needs an archive folder')
+        for rule in self.rule:
+            if rule.on_success == "archive" and self.archive is None:
+                raise ValueError(f'the rule for {rule.match!r} sets on_success = "archive": give the inbox an archive')
+        return self
+
+    def rule_for(self, rel_path: str) -> tuple[int, InboxRule] | None:
+        """The first rule matching ``rel_path`` (relative to the inbox) and its number (1, 2, ...)."""
+        for number, rule in enumerate(self.rule, start=1):
+            if glob_matches(rule.match, rel_path):
+                return number, rule
+        return None
+
+    def folder_rules(self, rel_folder: str) -> tuple[tuple[int, InboxRule] | None, list[tuple[int, InboxRule]]]:
+        """For ``chandrad check``: the rule every file directly in ``rel_folder`` gets ("" is the
+        inbox's top level; None: the inbox's own settings), and the earlier rules that take some
+        of its files first by their names (such as ``**/*.tif``)."""
+        prefix = f"{rel_folder.strip('/')}/" if rel_folder.strip("/") else ""
+        anything = prefix + "\x01\x01name"  # stands for any name: matched by * and **, never by *.tif
+        by_name: list[tuple[int, InboxRule]] = []
+        for number, rule in enumerate(self.rule, start=1):
+            if glob_matches(rule.match, anything):
+                return (number, rule), by_name
+            head, _, last = rule.match.rpartition("/")
+            if last != "**" and glob_matches(f"{head}/*" if head else "*", anything):
+                by_name.append((number, rule))
+        return None, by_name
+
+    def effective(self, rel_path: str) -> InboxSettings:
+        """This inbox's settings as they apply to the file at ``rel_path``: the first matching
+        rule's keys over the inbox's own. The one place rules are resolved; applying it twice
+        gives the same settings (the rules are kept)."""
+        found = self.rule_for(rel_path)
+        if found is None:
+            return self
+        return self.model_copy(update=found[1].overrides())
+
+    @property
+    def destinations(self) -> dict[str, Path]:
+        folders = {"outbox": self.outbox, "failed": self.failed}
+        if self.archive is not None:
+            folders["archive"] = self.archive
+        if self.pdf_to is not None:
+            folders["pdf_to"] = self.pdf_to
+        return folders
