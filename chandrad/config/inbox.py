@@ -3,61 +3,36 @@ globs they match with)."""
 
 from __future__ import annotations
 
-import functools
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
+from wcmatch import fnmatch as wcfnmatch
+from wcmatch import glob as wcglob
 
 from chandrad.config.base import OutputFormat, StrictModel
 
-
-@functools.lru_cache(maxsize=256)
-def glob_regex(pattern: str) -> re.Pattern[str]:
-    """A rule's glob as a regex on the path relative to the inbox ("/"-separated), case-insensitive
-    like the inbox's include/ignore patterns: ``*`` and ``?`` stay within one folder level, ``[...]``
-    is a character class (``[!...]`` negated), and ``**`` as a whole level matches any number of
-    levels (``invoices/**``: everything under invoices/; ``**/*.tif``: a .tif at any depth, the
-    inbox's top level included). A pattern without "/" matches files at the top level only."""
-    parts: list[str] = []
-    segments = pattern.split("/")
-    for index, segment in enumerate(segments):
-        last = index == len(segments) - 1
-        if segment == "**":
-            parts.append(".*" if last else "(?:[^/]*/)*")
-            continue
-        parts.append(_segment_regex(segment) + ("" if last else "/"))
-    return re.compile("".join(parts), re.IGNORECASE)
-
-
-def _segment_regex(segment: str) -> str:
-    out: list[str] = []
-    i = 0
-    while i < len(segment):
-        char = segment[i]
-        if char == "*":
-            out.append("[^/]*")
-        elif char == "?":
-            out.append("[^/]")
-        elif char == "[":
-            end = segment.find("]", i + 2 if segment[i + 1 : i + 2] in ("!", "^") else i + 1)
-            if end == -1:
-                raise ValueError(f"unclosed [ in the pattern segment {segment!r}")
-            body = segment[i + 1 : end]
-            if body[:1] in ("!", "^"):
-                body = "^" + body[1:]
-            out.append("[" + body.replace("\\", "\\\\") + "]")
-            i = end
-        else:
-            out.append(re.escape(char))
-        i += 1
-    return "".join(out)
+# One glob dialect for everything an inbox matches (wcmatch's, as in a shell): a rule's ``match``
+# on the path relative to the inbox, and the include/ignore patterns on one name. Both are
+# case-insensitive and let ``*`` match a leading dot (hidden names are ignored before any pattern
+# is asked); ``*`` and ``?`` stay within one folder level, ``[...]`` is a character class
+# (``[!...]`` negated), and in a rule ``**`` as a whole level matches any number of levels
+# (``invoices/**``: everything under invoices/; ``**/*.tif``: a .tif at any depth, the inbox's top
+# level included). A rule without "/" matches files at the top level only.
+RULE_GLOB = wcglob.GLOBSTAR | wcglob.IGNORECASE | wcglob.DOTGLOB | wcglob.FORCEUNIX
+NAME_GLOB = wcfnmatch.IGNORECASE | wcfnmatch.DOTMATCH | wcfnmatch.FORCEUNIX
 
 
 def glob_matches(pattern: str, rel_path: str) -> bool:
-    return glob_regex(pattern).fullmatch(rel_path.replace(os.sep, "/")) is not None
+    """Whether a rule's glob matches ``rel_path`` (relative to the inbox)."""
+    return bool(wcglob.globmatch(rel_path.replace(os.sep, "/"), pattern, flags=RULE_GLOB))
+
+
+def name_matches(pattern: str, name: str, *, case: bool = False) -> bool:
+    """Whether an include/ignore pattern matches one name (``case``: exactly as written)."""
+    flags = NAME_GLOB & ~wcfnmatch.IGNORECASE | wcfnmatch.CASE if case else NAME_GLOB
+    return bool(wcfnmatch.fnmatch(name, pattern, flags=flags))
 
 
 class InboxRule(StrictModel):
@@ -79,10 +54,11 @@ class InboxRule(StrictModel):
     def _valid_glob(cls, match: str) -> str:
         if not match or match.startswith("/") or ".." in match.split("/"):
             raise ValueError(f'match {match!r} must be a glob relative to the inbox, such as "invoices/**"')
-        try:
-            glob_regex(match)
-        except (ValueError, re.error) as error:
-            raise ValueError(f"match {match!r} is not a valid glob: {error}") from None
+        # wcmatch reads an unclosed [ as a literal one: a typo would match nothing without a word.
+        for segment in match.split("/"):
+            opened = segment.find("[")
+            if opened != -1 and "]" not in segment[opened + 2 :]:
+                raise ValueError(f"match {match!r} is not a valid glob: unclosed [ (write [[] for a literal [)")
         return match
 
     @field_validator("formats")

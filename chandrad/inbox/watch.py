@@ -15,7 +15,6 @@ shares (a dead share would stall the healthy inboxes' watchers too).
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import os
 import stat
 import time
@@ -31,7 +30,7 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
-from chandrad.config import InboxSettings
+from chandrad.config import InboxSettings, name_matches
 from chandrad.storage.folders import DAEMON_DIR, in_thread
 
 log = structlog.get_logger("chandrad.inbox.watch")
@@ -70,17 +69,16 @@ class IgnoreRules:
         return cls(include=inbox.include, ignore=inbox.ignore)
 
     def dir_ignored(self, name: str) -> bool:
-        return name.startswith(".") or any(fnmatch.fnmatchcase(name, pat) for pat in BUILTIN_IGNORED_DIRS)
+        return name.startswith(".") or any(name_matches(pat, name, case=True) for pat in BUILTIN_IGNORED_DIRS)
 
     def file_ignored(self, name: str) -> bool:
         if name.startswith("."):
             return True
-        if any(fnmatch.fnmatchcase(name, pat) for pat in BUILTIN_IGNORED_NAMES):
+        if any(name_matches(pat, name, case=True) for pat in BUILTIN_IGNORED_NAMES):
             return True
-        lowered = name.lower()
-        if any(fnmatch.fnmatchcase(lowered, pat.lower()) for pat in self.ignore):
+        if any(name_matches(pat, name) for pat in self.ignore):
             return True
-        return not any(fnmatch.fnmatchcase(lowered, pat.lower()) for pat in self.include)
+        return not any(name_matches(pat, name) for pat in self.include)
 
     def ignored(self, rel_path: Path) -> bool:
         *dirs, name = rel_path.parts
