@@ -27,7 +27,7 @@ from chandrad.document.once import convert_once
 from chandrad.engine import create_engine, cuda_gpu_visible
 from chandrad.errors import ConfigError, DocumentError
 from chandrad.logs import configure_logging
-from chandrad.output.failures import REPORT_SUFFIX
+from chandrad.output.failures import REPORT_SUFFIX, FailureEntry
 from chandrad.runtime import now_iso
 from chandrad.service.notify import Notifier
 from chandrad.storage import folders
@@ -407,14 +407,14 @@ def _put_back(journal: Journal, doc: Document, inbox: InboxSettings, host_id: st
         _refuse(
             f"{doc.rel_path}: its original is no longer in failed/ ({original}); drop the file into the inbox again"
         )
-    entry = {
-        "reason": "put back into processing by `chandrad retry`",
-        "kind": "retry",
-        "stage": "retry",
-        "attempt": doc.attempts,
-        "at": now_iso(),
-        **({"from": str(original)} if original is not None else {}),
-    }
+    entry = FailureEntry(
+        "put back into processing by `chandrad retry`",
+        "retry",
+        "retry",
+        doc.attempts,
+        now_iso(),
+        put_back_from=str(original) if original is not None else None,
+    ).as_json()
     try:
         journal.requeue_failed(doc.id, str(claimed), entry)
     except ValueError as error:

@@ -25,7 +25,7 @@ from chandrad.errors import DocumentError, DuplicateError, PermanentError
 from chandrad.hosts import claims, seen
 from chandrad.inbox.watch import SettledFile
 from chandrad.output import delivery
-from chandrad.output.failures import Failures
+from chandrad.output.failures import FailureEntry, Failures
 from chandrad.runtime import Runtime, now_iso, remove_claim_folder
 from chandrad.storage import folders
 from chandrad.storage.durable import move_durably
@@ -195,13 +195,7 @@ class Intake:
                 f"write access to the folder and drop the file again (it was left where it is)"
             )
             log.error("cannot claim file", inbox=inbox.name, file=str(settled.rel_path), error=str(error))
-            entry = {
-                "reason": reason,
-                "kind": "permanent",
-                "stage": "intake",
-                "attempt": 1,
-                "at": now_iso(self.runtime.clock()),
-            }
+            entry = FailureEntry(reason, "permanent", "intake", 1, now_iso(self.runtime.clock())).as_json()
             await self.failures.report_only(doc, inbox, entry)
             # Failed like any other document: its webhooks and hooks are told, in the same commit.
             deliveries = await delivery.planned(self.runtime, doc, self.runtime.inbox_of(doc), "failed", entry)

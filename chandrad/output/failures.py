@@ -11,6 +11,7 @@ that commit when a crash came between the two.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,42 @@ _ADVICE = {
 
 def advice(kind: str) -> str:
     return _ADVICE.get(kind, "Drop the file into the inbox again to retry.")
+
+
+@dataclass(frozen=True)
+class FailureEntry:
+    """One entry of a document's history (the journal's ``error`` and ``history``, the report in
+    failed/, the webhooks' payload): what went wrong, where, at which attempt, when. Every entry is
+    made as one of these (``of`` for an error); ``as_json`` is what is stored and sent."""
+
+    reason: str
+    kind: str
+    stage: str
+    attempt: int
+    at: str  # now_iso
+    detail: str | None = None
+    waits: int | None = None  # a wait (no attempt used): how many in a row
+    put_back_from: str | None = None  # `chandrad retry`: where in failed/ the original was
+
+    @classmethod
+    def of(cls, error: DocumentError, attempt: int, now: float, waits: int | None = None) -> FailureEntry:
+        return cls(error.reason, error.kind, error.stage, attempt, now_iso(now), error.detail or None, waits)
+
+    def as_json(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "reason": self.reason,
+            "kind": self.kind,
+            "stage": self.stage,
+            "attempt": self.attempt,
+            "at": self.at,
+        }
+        if self.detail:
+            entry["detail"] = self.detail
+        if self.waits is not None:
+            entry["waits"] = self.waits
+        if self.put_back_from is not None:
+            entry["from"] = self.put_back_from
+        return entry
 
 
 def failure_report(
@@ -83,16 +120,9 @@ class Failures:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
-    def entry(self, doc: Document, error: DocumentError, attempts: int) -> dict[str, Any]:
-        """One history entry: what went wrong, where, at which attempt, when."""
-        return {
-            "reason": error.reason,
-            "kind": error.kind,
-            "stage": error.stage,
-            "attempt": attempts,
-            "at": now_iso(self.runtime.clock()),
-            **({"detail": error.detail} if error.detail else {}),
-        }
+    def entry(self, error: DocumentError, attempts: int, waits: int | None = None) -> dict[str, Any]:
+        """One history entry (``FailureEntry``) as stored, at this runtime's clock."""
+        return FailureEntry.of(error, attempts, self.runtime.clock(), waits).as_json()
 
     async def handle(self, doc_id: str, error: DocumentError) -> Outcome:
         """Decide what a failed attempt leads to: a wait, a retry, or failed/."""
@@ -107,7 +137,7 @@ class Failures:
         await journal.call(
             journal.record_attempt_failure,
             doc.id,
-            self.entry(doc, error, attempts),
+            self.entry(error, attempts),
             final=False,
             retry_at=self.runtime.clock() + delay,
         )
@@ -126,7 +156,7 @@ class Failures:
         previous = doc.error if doc.error and doc.error.get("kind") == error.kind else None
         waits = int(previous.get("waits", 0)) + 1 if previous else 1
         delay = backoff_seconds(self.runtime.settings.retry_backoff_seconds, waits, MAX_WAIT_SECONDS)
-        entry = {**self.entry(doc, error, doc.attempts), "waits": waits}
+        entry = self.entry(error, doc.attempts, waits)
         journal = self.runtime.journal
         await journal.call(
             journal.set_state, doc.id, "queued", error=entry, next_attempt_at=self.runtime.clock() + delay
@@ -146,7 +176,7 @@ class Failures:
         runtime, journal = self.runtime, self.runtime.journal
         inbox = runtime.inbox_of(doc)
         attempts = doc.attempts + 1
-        entry = self.entry(doc, error, attempts)
+        entry = self.entry(error, attempts)
         claimed = Path(doc.claimed_path) if doc.claimed_path else None
         target = Path(doc.final_path) if doc.final_path else None
         if runtime.move_originals and claimed is not None:
