@@ -81,7 +81,9 @@ def run(config_path: Path | None) -> None:
     try:
         # Not asyncio.run: its clean-up waits without end for tasks and threads that a share which
         # stopped answering holds; run_to_exit bounds that and ends the process regardless.
-        code = run_to_exit(Daemon(settings, config_path, notifier=Notifier.from_environment(), backstop=True))
+        code = run_to_exit(
+            Daemon(settings, config_path, notifier=Notifier.from_environment(), backstop=True), process_exits=True
+        )
     except ConfigError as error:
         click.echo(f"chandrad: {error}", err=True)
         sys.exit(EXIT_CONFIG)

@@ -226,6 +226,32 @@ def test_run_to_exit_leaves_its_caller_as_it_found_it(tmp_path):
     assert result.stdout.strip() == "returned 2 signals given back", result.stdout + result.stderr[-2000:]
 
 
+def test_a_second_sigterm_as_chandrad_run_exits_cannot_turn_its_clean_exit_into_death_by_the_signal(tmp_path):
+    # DaemonProcess.stop sends SIGTERM again after a test's own (systemd or an admin may too): it
+    # can land after the stop, while the process is on its way out (the twenty-timings test below,
+    # cycle 0, 2026-12-04: exit -15 after "chandrad stopped").
+    script = tmp_path / "exiting.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, sys, time
+        from chandrad.service.stopping import run_to_exit
+
+        class Stopped:
+            async def serve(self):
+                return 0  # as a daemon whose stop ran its course
+            def exit_deadline(self):
+                return None
+            def disarm_backstop(self):
+                pass
+
+        code = run_to_exit(Stopped(), process_exits=True)
+        os.kill(os.getpid(), signal.SIGTERM)  # the second SIGTERM, in the interpreter's last moments
+        time.sleep(0.2)
+        sys.exit(code)
+    """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+
+
 def test_sighup_then_sigterm_at_twenty_timings_every_stop_ends_within_its_deadline(tmp_path):
     # Two daemons side by side, ten cycles each: both cores busy, as in CI.
     timings = [(n, after) for n, after in enumerate(TERM_AFTER_HUP)]

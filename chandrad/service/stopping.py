@@ -184,11 +184,17 @@ class Stoppable(Protocol):
         ...
 
 
-def run_to_exit(daemon: Stoppable) -> int:
+def run_to_exit(daemon: Stoppable, *, process_exits: bool = False) -> int:
     """``asyncio.run(daemon.serve())`` with every wait of its clean-up bounded: tasks left running are
     cancelled and waited for briefly, the default executor's threads are not joined without end,
     and if threads are still running at the deadline (blocked on a share), the process ends here
-    with the daemon's exit status instead of hanging in the interpreter's exit."""
+    with the daemon's exit status instead of hanging in the interpreter's exit.
+
+    ``process_exits`` (``chandrad run``): the caller exits with the returned status at once, so
+    after a stop the stop signals stay ignored: a second SIGTERM arriving in the interpreter's last
+    milliseconds (systemd's, an admin's, a test harness's) must not turn a clean exit into death
+    by the signal. Otherwise the caller gets its own handlers back, as it does whenever
+    ``serve()`` raises."""
     # Only what the daemon started is ours to wait for: a thread that was there before (a caller's
     # own, such as a test runner's) is neither joined nor a reason to end the process.
     threads_before = set(threading.enumerate())
@@ -238,7 +244,8 @@ def run_to_exit(daemon: Stoppable) -> int:
     # A stop that ran its course keeps the backstop armed: the promise is that the process ends
     # within stop_timeout_seconds, and the interpreter's own exit (atexit, a child's join) is part
     # of it. A caller that means to go on disarms it (``disarm_backstop``).
-    _give_back(handlers_before)
+    if not process_exits:
+        _give_back(handlers_before)
     return code
 
 
