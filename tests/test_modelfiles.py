@@ -498,13 +498,21 @@ def test_the_daemon_downloads_a_missing_model_showing_progress_and_extending_its
         done = [e["done_bytes"] for e in events if e["event"] == "model download progress"]
         assert len(done) >= 3 and done == sorted(done), done
 
+        # The second "loading" STATUS follows the log line by moments, through another socket
+        # (a fresh clone's run read the messages in between, 2026-12-04): wait for it.
+        loading_line = f"STATUS=loading the vllm engine ({REPO_ID})"
+        wait_for(
+            lambda: sum(line == loading_line for _, line in list(notify.messages)) >= 2 or not daemon.alive,
+            30,
+            "the engine load's STATUS after the download",
+        )
         messages = list(notify.messages)
         statuses = [line for _, line in messages if line.startswith(f"STATUS=downloading {REPO_ID}: ")]
         assert len(statuses) >= 3, messages
         total = f"{sum(map(len, tiny_model_files.values())) / 1e6:.1f} MB"
         line = rf"STATUS=downloading {REPO_ID}: [\d.]+ MB of {total} \(\d+ %\), [\d.]+ MB/s.*"
         assert re.fullmatch(line, statuses[-1]), statuses[-1]
-        loading = [i for i, (_, line) in enumerate(messages) if line == f"STATUS=loading the vllm engine ({REPO_ID})"]
+        loading = [i for i, (_, line) in enumerate(messages) if line == loading_line]
         assert len(loading) == 2 and any(line in statuses for _, line in messages[loading[0] : loading[1]])
 
         extensions = [at for at, line in messages if line.startswith("EXTEND_TIMEOUT_USEC=")]
