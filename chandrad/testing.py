@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from chandrad.config import PrepareSettings
-from chandrad.engine.processes import _stat_fields, process_argv
+from chandrad.engine.processes import cpu_ticks, process_argv
 from chandrad.output.publish import stage_files
 from chandrad.prepare import PageImage, PreparedDocument
 from chandrad.storage.durable import rename_dir_durably
@@ -52,8 +52,7 @@ def process_cmdline(pid: int) -> str:
 
 def process_cpu_ticks(pid: int) -> int | None:
     """A process's user + system CPU time in clock ticks (None once it is gone)."""
-    fields = _stat_fields(pid)
-    return int(fields[11]) + int(fields[12]) if fields is not None else None
+    return cpu_ticks(pid)
 
 
 def render_pages(

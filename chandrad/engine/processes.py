@@ -1,5 +1,7 @@
 """The processes behind chandrad's vLLM engines: which children are vLLM's, ending them, and ending
-the ones a killed chandrad left behind. Read from /proc (Linux), no psutil needed.
+the ones a killed chandrad left behind. The process tree, programs, states and memory come from
+psutil; only the durable identity of a process (its start in clock ticks since boot, and the boot)
+is read from /proc itself, for the reason at ``process_start_time``.
 
 vLLM runs each engine's EngineCore in a child process (spawned by multiprocessing, then retitled
 "VLLM::EngineCore"); it does not die with its parent and holds the GPU's memory while it lives.
@@ -14,6 +16,8 @@ import signal
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 
 def end_process_tree(pids: list[int]) -> None:
@@ -122,8 +126,10 @@ def end_engines_left_behind(state_dir: Path) -> list[int]:
 
 def running(pid: int) -> bool:
     """Whether ``pid`` exists and has not exited (a zombie has: only its exit status is left)."""
-    fields = _stat_fields(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return False
 
 
 def _is_alive(pid: int, started: int) -> bool:
@@ -151,53 +157,48 @@ def boot_id() -> str | None:
 
 
 def process_start_time(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot): with the pid, names one process for good."""
-    fields = _stat_fields(pid)
-    return int(fields[19]) if fields is not None else None
-
-
-def parent_pid(pid: int) -> int | None:
-    fields = _stat_fields(pid)
-    return int(fields[1]) if fields is not None else None
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat from its third field on (state, ppid, …, starttime at [19])."""
+    """When ``pid`` started (clock ticks since boot): with the pid and the boot, names one process for
+    good. Not psutil's ``create_time()``: that is the ticks plus the boot's wall-clock time, which
+    moves when the clock is set (an NTP step after boot), so a record written before the step would
+    no longer match its own process after it; the ticks never move."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
             # "pid (comm) state ppid …": comm may hold spaces and parentheses, so split after the last ")".
             fields = handle.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return fields if len(fields) > 19 else None
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def parent_pid(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
 
 
 def process_argv(pid: int) -> list[str]:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            raw = handle.read()
-    except OSError:
+        return [arg for arg in psutil.Process(pid).cmdline() if arg]
+    except psutil.Error:
         return []
-    return [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
 
 
 def descendant_pids(pid: int, depth: int | None = None) -> list[int]:
-    """Descendants of ``pid`` (all, or ``depth`` generations), from /proc; no psutil needed."""
-    found: list[int] = []
+    """Descendants of ``pid``: all, or ``depth`` generations (1: its direct children)."""
     if depth is not None and depth < 1:
-        return found
+        return []
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as handle:
-                for child in handle.read().split():
-                    found.append(int(child))
-                    found.extend(descendant_pids(int(child), None if depth is None else depth - 1))
-        except OSError:
-            continue
+        parent = psutil.Process(pid)
+        if depth is None:
+            return [child.pid for child in parent.children(recursive=True)]
+        children = parent.children()
+    except psutil.Error:
+        return []
+    found: list[int] = []
+    for child in children:
+        found.append(child.pid)
+        found.extend(descendant_pids(child.pid, depth - 1))
     return found
 
 
@@ -205,8 +206,16 @@ def rss_bytes(pids: list[int]) -> int:
     total = 0
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/statm") as handle:
-                total += int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.Error:
             continue
     return total
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """User + system CPU time in clock ticks (None once it is gone)."""
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return round((times.user + times.system) * os.sysconf("SC_CLK_TCK"))
