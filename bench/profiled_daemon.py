@@ -105,7 +105,7 @@ def main() -> int:
     a = ap.parse_args()
     sys.path.insert(0, str(Path(a.src).resolve()))
     patch_profiler_config()
-    from chandrad.cli import _load
+    from chandrad.cli import load as _load
     from chandrad.logs import configure_logging
     from chandrad.service.daemon import Daemon
     from chandrad.service.notify import Notifier
