@@ -86,6 +86,8 @@ class Runtime:
     move_originals: bool = True
     clock: Callable[[], float] = time.time
     inboxes: dict[str, InboxSettings] = field(default_factory=dict)
+    # Pages judged before they are read (orientation: a tesseract each) at once, a core each.
+    scan_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(os.cpu_count() or 1))
     # By inbox path; each started lazily, a thread at a time: a runtime that never touches an inbox starts none.
     _inbox_threads: dict[Path, ThreadPoolExecutor] = field(default_factory=dict, repr=False)
 

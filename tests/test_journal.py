@@ -13,7 +13,8 @@ import pytest
 import structlog.testing
 
 from chandrad.errors import ConfigError
-from chandrad.storage.journal import STATES, Document, Journal, PageRecord
+from chandrad.storage.journal import STATES, Document, Journal
+from chandrad.storage.schema import PageRecord
 from chandrad.testing import ManualClock
 
 

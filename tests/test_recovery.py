@@ -15,7 +15,8 @@ from chandrad.config import EngineSettings, InboxSettings, Settings
 from chandrad.document.recovery import find_stored_name, recover, sweep_leftovers
 from chandrad.runtime import Runtime
 from chandrad.storage import folders
-from chandrad.storage.journal import Document, Journal, PageRecord
+from chandrad.storage.journal import Document, Journal
+from chandrad.storage.schema import PageRecord
 from chandrad.testing import ManualClock
 from tests.reliability.chaoslib import DrawingEngine
 

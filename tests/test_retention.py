@@ -32,7 +32,8 @@ from chandrad.output.failures import Failures
 from chandrad.runtime import Runtime
 from chandrad.service.daemon import Daemon
 from chandrad.storage import folders
-from chandrad.storage.journal import Document, Journal, NewDelivery, PageRecord
+from chandrad.storage.journal import Document, Journal, NewDelivery
+from chandrad.storage.schema import PageRecord
 from chandrad.testing import ManualClock
 from tests.reliability.chaoslib import DrawingEngine
 

@@ -143,3 +143,8 @@ class PrepareSettings(StrictModel):
     # with a reason instead of waking the kernel's OOM killer on a GPU server.
     tool_memory_mb: int = Field(default=4096, ge=0)
     workers: int = Field(default=2, ge=1)
+    # A page is turned upright (an inbox's rotate_pages) only when tesseract's orientation
+    # confidence reaches this. OCRmyPDF's default is 14, paperless-ngx's 12; measured on the
+    # corpus (bench/orientation.py) a right answer scored 10.7 or more and a wrong one 1.8 or
+    # less, so 14 would leave sideways pages sideways: see docs/scanners.md.
+    orientation_min_confidence: float = Field(default=5.0, ge=0)

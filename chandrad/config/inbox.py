@@ -48,6 +48,8 @@ class InboxRule(StrictModel):
     # Which [[webhook]] / [[hook]] names apply to these files (instead of those the inbox gets); [] = none.
     webhooks: tuple[str, ...] | None = None
     hooks: tuple[str, ...] | None = None
+    rotate_pages: bool | None = None
+    rotate_pdf_pages: bool | None = None
 
     @field_validator("match")
     @classmethod
@@ -70,7 +72,17 @@ class InboxRule(StrictModel):
 
     def overrides(self) -> dict[str, Any]:
         """The inbox keys this rule sets."""
-        keys = ("prompt_type", "formats", "on_success", "date_prefix", "duplicates", "webhooks", "hooks")
+        keys = (
+            "prompt_type",
+            "formats",
+            "on_success",
+            "date_prefix",
+            "duplicates",
+            "webhooks",
+            "hooks",
+            "rotate_pages",
+            "rotate_pdf_pages",
+        )
         return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
 
 
@@ -106,6 +118,11 @@ class InboxSettings(StrictModel):
     pdf_replace_text: bool = False
     pdf_word_boxes: bool = True
     pdf_to: Path | None = None
+    # Scans as they come: each page is turned upright before the model reads it (tesseract's
+    # orientation detection); rotate_pdf_pages also turns the searchable PDF's page (a /Rotate:
+    # the page's content is never rewritten), else the text layer follows the page as it is.
+    rotate_pages: bool = True
+    rotate_pdf_pages: bool = False
     # Which [[webhook]] / [[hook]] names apply to this inbox's documents. Default (unset): every one
     # whose own `inboxes` list names this inbox or is unset.
     webhooks: tuple[str, ...] | None = None

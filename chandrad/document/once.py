@@ -34,8 +34,11 @@ async def convert_once(
     failures: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="chandrad-once-") as scratch:
         scratch_path = Path(scratch)
-        inherited_keys = ("prompt_type", "formats", "compress", "pdf_password", "pdfa", "pdf_replace_text")
-        inherited = {key: getattr(template, key) for key in (*inherited_keys, "pdf_word_boxes")} if template else {}
+        inherited_keys = (
+            *("prompt_type", "formats", "compress", "pdf_password", "pdfa", "pdf_replace_text", "pdf_word_boxes"),
+            *("rotate_pages", "rotate_pdf_pages"),
+        )
+        inherited = {key: getattr(template, key) for key in inherited_keys} if template else {}
         inbox = InboxSettings.model_validate(
             {
                 "path": scratch_path / "inbox",

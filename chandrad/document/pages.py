@@ -10,6 +10,7 @@ recorded as failed; the document decides at publish time whether its gaps are ac
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import structlog
@@ -22,8 +23,10 @@ from chandrad.errors import DocumentError, InboxUnreachableError, PermanentError
 from chandrad.output import publish
 from chandrad.pdf.lines import PageLines, page_text_lines
 from chandrad.runtime import Runtime
+from chandrad.scan.orientation import Orientation, detect_orientation, turned_upright
 from chandrad.storage.folders import inbox_reachable
-from chandrad.storage.journal import Document, PageRecord
+from chandrad.storage.journal import Document
+from chandrad.storage.schema import PageRecord
 
 log = structlog.get_logger("chandrad.document.pages")
 
@@ -126,6 +129,9 @@ class PageReader:
         engine, journal, settings = self.runtime.engine, self.runtime.journal, self.runtime.settings
         timeout = settings.engine.page_timeout_seconds
         with bound_contextvars(page=page.page_no):
+            orientation = await self._orientation(page, inbox)
+            if orientation.turned:
+                page = dataclasses.replace(page, image=turned_upright(page.image, orientation))
             request = PageRequest(doc.id, page.page_no, page.image, inbox.prompt_type)
             try:
                 async with asyncio.timeout(timeout):
@@ -156,6 +162,7 @@ class PageReader:
                     image_names=rendered.image_names,
                     chunks=tuple(rendered.chunks),
                     text_lines=text_lines,
+                    scan={"orientation": orientation.as_json()} if inbox.rotate_pages else None,
                 ),
             )
             log.info(
@@ -166,7 +173,22 @@ class PageReader:
                 tokens=result.output_tokens,
                 retries=result.retries,
                 engine_peak_running=engine.status().peak_running,
+                **({"turned": orientation.turn} if orientation.turned else {}),
             )
+
+    async def _orientation(self, page: prepare.PageImage, inbox: InboxSettings) -> Orientation:
+        """Which way the page is up (``rotate_pages``), judged a core at a time beside the engine."""
+        if not inbox.rotate_pages:
+            return Orientation(note="rotate_pages is off")
+        async with self.runtime.scan_slots:
+            orientation = await asyncio.to_thread(
+                detect_orientation, page.image, page.dpi, self.runtime.settings.prepare
+            )
+        if orientation.turned:
+            log.info("page turned upright", turn=orientation.turn, confidence=orientation.confidence)
+        elif orientation.note.startswith("orientation not detected"):
+            log.warning("page orientation not detected; read as it is", reason=orientation.note)
+        return orientation
 
     async def record_failed(self, doc_id: str, page_no: int, error: DocumentError, size: tuple[int, int]) -> None:
         engine, journal = self.runtime.engine, self.runtime.journal

@@ -36,7 +36,8 @@ from chandrad.output.publish import SearchablePdfJob
 from chandrad.runtime import Ending, Outcome, Runtime
 from chandrad.storage import naming
 from chandrad.storage.durable import move_durably, place_copy, rename_dir_durably
-from chandrad.storage.journal import Document, PageRecord
+from chandrad.storage.journal import Document
+from chandrad.storage.schema import PageRecord
 
 log = structlog.get_logger("chandrad.document.stages")
 
@@ -213,6 +214,7 @@ class DocumentStages:
             pdfa=inbox.pdfa,
             replace_text=inbox.pdf_replace_text,
             password=inbox.pdf_password,
+            rotate_pages=inbox.rotate_pdf_pages,
         )
 
     def _check_failed_pages(self, pages: list[PageRecord], page_count: int) -> None:
@@ -312,6 +314,7 @@ def _page_output(page: PageRecord) -> publish.PageOutput:
         image_names=page.image_names,
         error=page.error,
         text_lines=page.text_lines,
+        scan=page.scan,
         stats={
             "prompt_tokens": page.prompt_tokens,
             "output_tokens": page.output_tokens,

@@ -81,6 +81,13 @@ class PageOutput:
     stats: dict[str, Any]
     error: str | None = None  # a page that could not be read is published as a marked gap
     text_lines: Any = None  # pdf.lines.page_text_lines, measured at page time (None: estimated)
+    scan: dict[str, Any] | None = None  # what chandrad.scan decided about the page (orientation)
+
+    @property
+    def turn(self) -> int:
+        """Clockwise degrees the page image was turned upright before it was read."""
+        orientation = (self.scan or {}).get("orientation") or {}
+        return int(orientation.get("angle", 0)) if orientation.get("turned") else 0
 
 
 def _gap(page: PageOutput) -> str:
@@ -129,6 +136,7 @@ def render_document(
                     "page": page.page_no,
                     "page_box": [0, 0, page.width, page.height],
                     **({"error": page.error} if page.error else {}),
+                    **({"orientation": page.scan["orientation"]} if page.scan and "orientation" in page.scan else {}),
                     **page.stats,
                     "chunks": [
                         {**chunk, "content": _point_images_into_folder(chunk["content"], page.image_names)}
@@ -181,6 +189,7 @@ class SearchablePdfJob:
     pdfa: bool
     replace_text: bool
     password: str | None = None
+    rotate_pages: bool = False  # a page read turned gets the turn as its /Rotate (rotate_pdf_pages)
 
 
 def stage_document(
@@ -209,7 +218,9 @@ def _stage_searchable_pdf(out: Path, pages: list[PageOutput], job: SearchablePdf
         source = searchable_base(job.original, job.rendered_from, job.password) if job.lossless else job.rendered_from
     else:
         source = job.original
-    layers = [PageLayer(page.width, page.height, page.chunks, page.text_lines, page.error) for page in pages]
+    layers = [
+        PageLayer(page.width, page.height, page.chunks, page.text_lines, page.error, turn=page.turn) for page in pages
+    ]
     try:
         report = build_searchable_pdf(
             source,
@@ -218,6 +229,7 @@ def _stage_searchable_pdf(out: Path, pages: list[PageOutput], job: SearchablePdf
             out,
             pdfa=job.pdfa,
             replace_text=job.replace_text,
+            rotate_pages=job.rotate_pages,
             password=job.password if source == job.original else None,
         )
     except (PageCountMismatch, pikepdf.PdfError) as error:

@@ -18,7 +18,7 @@ from pikepdf import Name, Pdf
 
 from chandrad.pdf.font import add_font
 from chandrad.pdf.images import image_document
-from chandrad.pdf.layer import PageLayer, page_frame, text_layer
+from chandrad.pdf.layer import PageLayer, page_frame, text_layer, turned_frame
 from chandrad.pdf.lines import block_tokens
 from chandrad.pdf.original import remove_signatures, strip_invisible_text, text_kind
 from chandrad.pdf.pdfa import make_pdfa, pdfa_blockers
@@ -38,6 +38,7 @@ class PdfReport:
     pdfa_blockers: list[str] = field(default_factory=list)  # why it does not, when PDF/A was asked for
     signature_removed: bool = False  # the original was signed; the copy's pages are the same, unsigned
     decrypted: bool = False  # the original was encrypted; the copy is not
+    rotated_pages: list[int] = field(default_factory=list)  # given a /Rotate to show upright (rotate_pdf_pages)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -51,6 +52,7 @@ class PdfReport:
             "pdfa_blockers": self.pdfa_blockers,
             "signature_removed": self.signature_removed,
             "decrypted": self.decrypted,
+            "rotated_pages": self.rotated_pages,
         }
 
 
@@ -96,6 +98,7 @@ def build_searchable_pdf(
     *,
     pdfa: bool,
     replace_text: bool,
+    rotate_pages: bool = False,
     password: str | None = None,
 ) -> PdfReport:
     """Write ``out``: ``source``'s pages with an invisible text layer from ``pages`` (one per page, in order).
@@ -103,6 +106,9 @@ def build_searchable_pdf(
     PDF inputs: every page object kept (content, images, fonts, annotations as they were); a page
     that has text of its own keeps it and gets no layer, unless ``replace_text`` and that text is
     invisible (another OCR's layer), which is then replaced. Image inputs: one page per frame.
+    A page whose image was turned upright before it was read (``PageLayer.turn``) keeps its content
+    as it is; its text layer runs along the words as they lie on the page, or, with ``rotate_pages``,
+    the page gets the turn added to its /Rotate so that a viewer shows it upright.
     ``pdfa``: PDF/A-2b (XMP identification, sRGB output intent), unless the original holds what
     PDF/A forbids and only re-rendering could change (``PdfReport.pdfa_blockers`` says what).
     The output is never encrypted. Blocking: run it in a thread. Raises ``PageCountMismatch``.
@@ -130,12 +136,19 @@ def build_searchable_pdf(
                 if kind == "invisible":
                     strip_invisible_text(pdf, page)
                     report.replaced_text_pages.append(number)
+            if layer.turn and rotate_pages:
+                page.obj.Rotate = (page_frame(page.obj, 1, 1).rotate + layer.turn) % 360
+                report.rotated_pages.append(number)
             if not any(block_tokens(chunk) for chunk in layer.chunks):
                 continue
             frame = page_frame(page.obj, layer.width, layer.height)
+            if layer.turn and not rotate_pages:
+                frame = turned_frame(frame, layer.turn)
             # Relative, and loose enough for the model input's 28-pixel grid (chandra's scale_to_fit),
             # which stretches a thin strip by up to ~3 % (a 360 × 60 receipt is read at 6 132 × 1 008).
             page_aspect, image_aspect = _aspect(page.obj), layer.width / max(layer.height, 1)
+            if layer.turn in (90, 270) and not rotate_pages:
+                page_aspect = 1 / max(page_aspect, 1e-9)
             if abs(page_aspect - image_aspect) > ASPECT_TOLERANCE * max(page_aspect, image_aspect):
                 raise PageCountMismatch(
                     f"page {number} is shaped {_aspect(page.obj):.3f}, its image {layer.width}×{layer.height}: "

@@ -9,6 +9,7 @@ scales both alike, so proportions suffice.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,9 @@ class PageLayer:
     chunks: list[dict[str, Any]]
     lines: PageLines | None = None
     error: str | None = None
+    # Clockwise degrees the page image was turned upright before it was read (chandrad.scan): its
+    # pixels are the displayed page's turned by that much.
+    turn: int = 0
 
 
 # -- the page's geometry -------------------------------------------------------------------------------
@@ -86,6 +90,12 @@ def page_frame(page: pikepdf.Object, width: int, height: int) -> Frame:
     rotate = _inherited(page, "/Rotate")
     angle = int(rotate) % 360 if rotate is not None else 0
     return Frame((x0, y0, x1, y1), angle - angle % 90, width, height)
+
+
+def turned_frame(frame: Frame, turn: int) -> Frame:
+    """The frame of a page image turned ``turn`` degrees clockwise from the displayed page: as if the
+    page's /Rotate were ``turn`` more (a /Rotate turns the displayed page clockwise too)."""
+    return dataclasses.replace(frame, rotate=(frame.rotate + turn) % 360)
 
 
 # -- the text layer --------------------------------------------------------------------------------------

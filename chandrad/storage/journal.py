@@ -37,6 +37,7 @@ from chandrad.storage.schema import (
     UNFINISHED_STATES,
     DeliveryState,
     DocumentState,
+    PageRecord,
     make_tables,
 )
 
@@ -95,36 +96,6 @@ class Document:
         values["error"] = json.loads(values["error"]) if values["error"] else None
         values["history"] = json.loads(values["history"])
         values["state"] = DocumentState(values["state"])
-        return cls(**values)
-
-
-@dataclass(frozen=True)
-class PageRecord:
-    doc_id: str
-    page_no: int
-    width: int
-    height: int
-    html: str
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    finish_reason: str = ""
-    retries: int = 0
-    latency_s: float = 0.0
-    engine: str = ""
-    model: str = ""
-    image_names: tuple[str, ...] = ()
-    chunks: tuple[dict[str, Any], ...] = ()
-    error: str | None = None  # the page could not be read: why
-    # Where each block's lines and words are on the page image (pdf.lines.page_text_lines),
-    # measured while the image was in memory; None when no searchable PDF was asked for.
-    text_lines: Any = None
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> PageRecord:
-        values = dict(row)
-        values["image_names"] = tuple(json.loads(values["image_names"]))
-        values["chunks"] = tuple(json.loads(values["chunks"]))
-        values["text_lines"] = json.loads(values["text_lines"]) if values["text_lines"] else None
         return cls(**values)
 
 
@@ -577,6 +548,7 @@ class Journal:
             "image_names": json.dumps(list(page.image_names)),
             "chunks": json.dumps(list(page.chunks)),
             "text_lines": json.dumps(page.text_lines) if page.text_lines is not None else None,
+            "scan": json.dumps(page.scan) if page.scan is not None else None,
         }
         names = ", ".join(row)
         self._execute(f"INSERT OR REPLACE INTO pages ({names}) VALUES ({', '.join(':' + n for n in row)})", row)

@@ -3,8 +3,11 @@ each compares equal to the text stored in SQLite), the schema, and the tallies t
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class DocumentState(StrEnum):
@@ -31,6 +34,40 @@ STATES = tuple(DocumentState)
 FINAL_STATES = (DocumentState.PUBLISHED, DocumentState.FAILED)
 UNFINISHED_STATES = tuple(state for state in STATES if state not in FINAL_STATES)
 DELIVERY_STATES = tuple(DeliveryState)
+
+
+@dataclass(frozen=True)
+class PageRecord:
+    doc_id: str
+    page_no: int
+    width: int
+    height: int
+    html: str
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str = ""
+    retries: int = 0
+    latency_s: float = 0.0
+    engine: str = ""
+    model: str = ""
+    image_names: tuple[str, ...] = ()
+    chunks: tuple[dict[str, Any], ...] = ()
+    error: str | None = None  # the page could not be read: why
+    # Where each block's lines and words are on the page image (pdf.lines.page_text_lines),
+    # measured while the image was in memory; None when no searchable PDF was asked for.
+    text_lines: Any = None
+    # What chandrad.scan decided about the page before it was read: {"orientation": {...}}.
+    scan: dict[str, Any] | None = None
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> PageRecord:
+        values = dict(row)
+        values["image_names"] = tuple(json.loads(values["image_names"]))
+        values["chunks"] = tuple(json.loads(values["chunks"]))
+        values["text_lines"] = json.loads(values["text_lines"]) if values["text_lines"] else None
+        values["scan"] = json.loads(values["scan"]) if values.get("scan") else None
+        return cls(**values)
+
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -78,6 +115,7 @@ CREATE TABLE IF NOT EXISTS pages (
     chunks TEXT NOT NULL DEFAULT '[]',
     error TEXT,
     text_lines TEXT,
+    scan TEXT,
     PRIMARY KEY (doc_id, page_no)
 );
 -- The transactional outbox: one row per (document, webhook or hook) for each final state, inserted
@@ -141,8 +179,9 @@ def make_tables(db: sqlite3.Connection) -> None:
     Raises ``sqlite3.OperationalError`` when another process holds the write lock."""
     db.executescript(SCHEMA)
     columns = {row[1] for row in db.execute("PRAGMA table_info(pages)")}
-    if "text_lines" not in columns:
-        db.execute("ALTER TABLE pages ADD COLUMN text_lines TEXT")
+    for column in ("text_lines", "scan"):  # added after the first release
+        if column not in columns:
+            db.execute(f"ALTER TABLE pages ADD COLUMN {column} TEXT")
     db.execute("BEGIN IMMEDIATE")
     try:
         if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'state_counts'").fetchone() is None:

@@ -1,0 +1,116 @@
+"""A page turned upright before the model sees it: tesseract's orientation and script detection
+(``--psm 0``, as OCRmyPDF and paperless-ngx use it), in a child process with the tools' deadline
+and memory cap, on a greyscale copy no larger than ``OSD_MAX_SIDE``.
+
+Tesseract answers with the clockwise turn that makes the page upright (0, 90, 180 or 270) and a
+confidence; a turn is made only at ``prepare.orientation_min_confidence`` or more. A page it
+cannot judge (too few characters: a photo, a blank back, a sparse form) stays as it is.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from chandrad.config import PrepareSettings
+from chandrad.errors import DocumentError
+from chandrad.tools import run_tool
+
+# Tesseract's OSD reads character shapes: larger costs time without changing its answer (a
+# US-Letter page at prepare's 192 dpi is 2 112 px tall); much smaller loses characters
+# (bench/orientation.py: confidence falls by half at 1 000 px).
+OSD_MAX_SIDE = 2400
+
+_ROTATE = re.compile(r"^Rotate:\s*(\d+)", re.MULTILINE)
+_CONFIDENCE = re.compile(r"^Orientation confidence:\s*([0-9.]+)", re.MULTILINE)
+# clockwise degrees → the transpose that turns an image by them
+_TURNS = {
+    90: Image.Transpose.ROTATE_270,  # PIL's names count counter-clockwise
+    180: Image.Transpose.ROTATE_180,
+    270: Image.Transpose.ROTATE_90,
+}
+
+
+@dataclass(frozen=True)
+class Orientation:
+    """What was decided about one page's orientation.
+
+    ``angle``: the clockwise turn tesseract says makes the page upright; ``turned``: whether the
+    page image was turned by it (confident enough, and not already upright); ``note``: why not,
+    when it was not judged.
+    """
+
+    angle: int = 0
+    confidence: float | None = None
+    turned: bool = False
+    note: str = ""
+
+    @property
+    def turn(self) -> int:
+        """Clockwise degrees the page image was turned before it was read (0 when it was not)."""
+        return self.angle if self.turned else 0
+
+    def as_json(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"angle": self.angle, "confidence": self.confidence, "turned": self.turned}
+        if self.note:
+            entry["note"] = self.note
+        return entry
+
+    @classmethod
+    def from_json(cls, entry: dict[str, Any] | None) -> Orientation:
+        if not entry:
+            return cls()
+        return cls(
+            int(entry.get("angle", 0)), entry.get("confidence"), bool(entry.get("turned")), entry.get("note", "")
+        )
+
+
+def detect_orientation(image: Image.Image, dpi: float, settings: PrepareSettings) -> Orientation:
+    """Ask tesseract which way ``image`` is up. Blocking (a child process): run it in a thread.
+    Never raises for the page's sake: a page tesseract cannot judge, or a tesseract that failed,
+    leaves the page as it is, and ``note`` says why."""
+    copy = image.convert("L") if image.mode not in ("L", "1") else image
+    scale = min(1.0, OSD_MAX_SIDE / max(copy.size))
+    if scale < 1.0:
+        copy = copy.resize(
+            (max(1, round(copy.width * scale)), max(1, round(copy.height * scale))), Image.Resampling.BILINEAR
+        )
+    with tempfile.TemporaryDirectory(prefix="chandrad-osd-") as folder:
+        page_png = Path(folder) / "page.png"
+        resolution = max(1, round(dpi * scale))
+        copy.save(page_png, "PNG", dpi=(resolution, resolution))
+        try:
+            # One thread: pages are judged side by side, a core each; tesseract's OpenMP would
+            # otherwise start a thread per core for every one of them.
+            done = run_tool(
+                ["tesseract", str(page_png), "stdout", "--psm", "0", "--dpi", str(resolution)],
+                settings,
+                "orient",
+                env={"OMP_THREAD_LIMIT": "1"},
+            )
+        except DocumentError as error:
+            return Orientation(note=f"orientation not detected: {error.reason}")
+    angle_found, confidence_found = _ROTATE.search(done.stdout), _CONFIDENCE.search(done.stdout)
+    if done.returncode != 0 or angle_found is None or confidence_found is None:
+        if "Too few characters" in done.stderr:
+            return Orientation(note="too few characters to judge")
+        last = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        return Orientation(note=f"orientation not detected: tesseract: {last[0]}")
+    angle = int(angle_found.group(1)) % 360
+    confidence = round(float(confidence_found.group(1)), 2)
+    if angle not in _TURNS:
+        return Orientation(0, confidence)
+    if confidence < settings.orientation_min_confidence:
+        return Orientation(angle, confidence, note="not confident enough to turn")
+    return Orientation(angle, confidence, turned=True)
+
+
+def turned_upright(image: Image.Image, orientation: Orientation) -> Image.Image:
+    """The page image turned by ``orientation.turn`` (the image itself when that is 0)."""
+    transpose = _TURNS.get(orientation.turn)
+    return image if transpose is None else image.transpose(transpose)
