@@ -25,6 +25,7 @@ from filelock import BaseFileLock, FileLock, SoftFileLock, Timeout
 from huggingface_hub import get_token
 
 from chandrad import __version__
+from chandrad.backoff import backoff_seconds
 from chandrad.model.cache import PARTIAL_SUFFIX, partial_path
 from chandrad.model.hub import (
     HUB_TIMEOUT_SECONDS,
@@ -166,7 +167,7 @@ def _download_file(
                         f"the download of {planned.path} keeps failing ({describe_error(error)}); what arrived is "
                         f"kept: run it again to continue"
                     ) from None
-                delay = min(RETRY_DELAY_MAX_SECONDS, 2.0 ** max(fruitless - 1, 0))
+                delay = backoff_seconds(1.0, fruitless, RETRY_DELAY_MAX_SECONDS)
                 log.warning(
                     "the model download was interrupted; resuming",
                     file=planned.path,
