@@ -9,7 +9,8 @@ purpose="${1:-run}"
 venv="${VENV:-.venv}"
 python="${PYTHON:-python3}"
 
-apt_packages=(ghostscript poppler-utils tesseract-ocr tesseract-ocr-eng)
+# tesseract-ocr-osd: orientation detection (chandrad.scan.orientation), for every engine.
+apt_packages=(ghostscript poppler-utils tesseract-ocr tesseract-ocr-eng tesseract-ocr-osd)
 if [[ "$purpose" == test ]]; then
     # systemd-analyze verifies the units; smbd + smbclient serve the network-share tests.
     apt_packages+=(systemd samba smbclient qpdf)  # qpdf --check: tests/test_searchable_pdf.py
