@@ -50,6 +50,8 @@ class InboxRule(StrictModel):
     hooks: tuple[str, ...] | None = None
     rotate_pages: bool | None = None
     rotate_pdf_pages: bool | None = None
+    blank_pages: Literal["keep", "drop"] | None = None
+    drop_blank_pdf_pages: bool | None = None
 
     @field_validator("match")
     @classmethod
@@ -82,6 +84,8 @@ class InboxRule(StrictModel):
             "hooks",
             "rotate_pages",
             "rotate_pdf_pages",
+            "blank_pages",
+            "drop_blank_pdf_pages",
         )
         return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
 
@@ -123,6 +127,11 @@ class InboxSettings(StrictModel):
     # the page's content is never rewritten), else the text layer follows the page as it is.
     rotate_pages: bool = True
     rotate_pdf_pages: bool = False
+    # "drop": a blank page (Chandra's Blank-Page; the tesseract engine: an ink measure) is left out
+    # of the Markdown, HTML and the JSON's pages (listed in its dropped_pages), and out of the
+    # searchable PDF too only with drop_blank_pdf_pages.
+    blank_pages: Literal["keep", "drop"] = "keep"
+    drop_blank_pdf_pages: bool = False
     # Which [[webhook]] / [[hook]] names apply to this inbox's documents. Default (unset): every one
     # whose own `inboxes` list names this inbox or is unset.
     webhooks: tuple[str, ...] | None = None

@@ -23,6 +23,7 @@ from chandrad.errors import DocumentError, InboxUnreachableError, PermanentError
 from chandrad.output import publish
 from chandrad.pdf.lines import PageLines, page_text_lines
 from chandrad.runtime import Runtime
+from chandrad.scan.blank import Blankness, judge_blank
 from chandrad.scan.orientation import Orientation, detect_orientation, turned_upright
 from chandrad.storage.folders import inbox_reachable
 from chandrad.storage.journal import Document
@@ -55,14 +56,16 @@ def _first_document_error(group: BaseExceptionGroup[BaseException]) -> BaseExcep
 
 
 def _page_files(
-    html: str, page: prepare.PageImage, images_dir: Path, inbox: InboxSettings
-) -> tuple[publish.RenderedPage, PageLines | None]:
+    html: str, page: prepare.PageImage, images_dir: Path, inbox: InboxSettings, engine: str
+) -> tuple[publish.RenderedPage, PageLines | None, Blankness]:
     """What is kept of a page once its image is gone (one thread hop): its figures cropped into
-    staging, its chunks, and, for a searchable PDF, where its lines and words are on the image."""
+    staging, its chunks, for a searchable PDF where its lines and words are on the image, and
+    whether it is blank."""
     rendered = publish.save_page_images(html, page.image, images_dir, page.page_no)
+    blankness = judge_blank(html, page.image, engine)
     if "pdf" not in inbox.formats:
-        return rendered, None
-    return rendered, page_text_lines(page.image, rendered.chunks, html, words=inbox.pdf_word_boxes)
+        return rendered, None, blankness
+    return rendered, page_text_lines(page.image, rendered.chunks, html, words=inbox.pdf_word_boxes), blankness
 
 
 class PageReader:
@@ -143,7 +146,9 @@ class PageReader:
                 raise TransientError(
                     f"page {page.page_no}: the engine did not answer within {timeout:.0f} s", stage="engine"
                 ) from None
-            rendered, text_lines = await asyncio.to_thread(_page_files, result.html, page, staging / "images", inbox)
+            rendered, text_lines, blankness = await asyncio.to_thread(
+                _page_files, result.html, page, staging / "images", inbox, engine.name
+            )
             await journal.call(
                 journal.record_page,
                 PageRecord(
@@ -162,7 +167,10 @@ class PageReader:
                     image_names=rendered.image_names,
                     chunks=tuple(rendered.chunks),
                     text_lines=text_lines,
-                    scan={"orientation": orientation.as_json()} if inbox.rotate_pages else None,
+                    scan={
+                        "blank": blankness.as_json(),
+                        **({"orientation": orientation.as_json()} if inbox.rotate_pages else {}),
+                    },
                 ),
             )
             log.info(

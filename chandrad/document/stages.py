@@ -192,16 +192,24 @@ class DocumentStages:
         engine = self.runtime.engine
         metadata = publish.document_metadata(doc.id, Path(doc.rel_path).name, inbox.name, engine.name, engine.model)
         outputs = [_page_output(page) for page in pages]
+        dropped = _blank_pages(pages) if inbox.blank_pages == "drop" else ()
         try:
             await asyncio.to_thread(
-                publish.stage_document, work.staging, stem, outputs, inbox.formats, metadata, self._pdf_job(work)
+                publish.stage_document,
+                work.staging,
+                stem,
+                outputs,
+                inbox.formats,
+                metadata,
+                self._pdf_job(work, dropped),
+                dropped,
             )
         except OSError as error:
             raise _outbox_error(error) from None
         await self.check_still_ours(work)
         await self._rename_into_outbox(work, stem)
 
-    def _pdf_job(self, work: Work) -> SearchablePdfJob | None:
+    def _pdf_job(self, work: Work, dropped: tuple[int, ...] = ()) -> SearchablePdfJob | None:
         """What the searchable PDF is made from, when the inbox asks for one."""
         inbox, prepared = work.inbox, work.prepared
         if "pdf" not in inbox.formats or prepared is None:
@@ -215,6 +223,7 @@ class DocumentStages:
             replace_text=inbox.pdf_replace_text,
             password=inbox.pdf_password,
             rotate_pages=inbox.rotate_pdf_pages,
+            drop_pages=dropped if inbox.drop_blank_pdf_pages else (),
         )
 
     def _check_failed_pages(self, pages: list[PageRecord], page_count: int) -> None:
@@ -302,6 +311,11 @@ class DocumentStages:
 def _output_stem(doc: Document) -> str:
     """The name of a document's output folder and files (``report`` for ``report.pdf``)."""
     return naming.safe_component(Path(doc.rel_path).stem)
+
+
+def _blank_pages(pages: list[PageRecord]) -> tuple[int, ...]:
+    """The pages judged blank when they were read (``scan.blank``)."""
+    return tuple(page.page_no for page in pages if ((page.scan or {}).get("blank") or {}).get("blank"))
 
 
 def _page_output(page: PageRecord) -> publish.PageOutput:

@@ -101,10 +101,17 @@ def _point_images_into_folder(text: str, image_names: Iterable[str]) -> str:
 
 
 def render_document(
-    stem: str, pages: list[PageOutput], formats: Iterable[str], metadata: dict[str, Any]
+    stem: str,
+    pages: list[PageOutput],
+    formats: Iterable[str],
+    metadata: dict[str, Any],
+    dropped: tuple[int, ...] = (),
 ) -> dict[str, bytes]:
-    """File name → contents for one document (no images: those were written page by page)."""
+    """File name → contents for one document (no images: those were written page by page).
+    ``dropped``: blank pages left out of every output here, listed in the JSON's ``dropped_pages``."""
     formats = set(formats)
+    page_count = len(pages)
+    pages = [page for page in pages if page.page_no not in dropped]
     files: dict[str, bytes] = {}
     if "md" in formats:
         markdown = "\n\n".join(
@@ -127,7 +134,8 @@ def render_document(
     if "json" in formats:
         document = {
             **metadata,
-            "num_pages": len(pages),
+            "num_pages": page_count,
+            "dropped_pages": [{"page": page_no, "why": "blank"} for page_no in dropped],
             "failed_pages": [page.page_no for page in pages if page.error],
             "total_prompt_tokens": sum(page.stats.get("prompt_tokens", 0) for page in pages),
             "total_output_tokens": sum(page.stats.get("output_tokens", 0) for page in pages),
@@ -136,7 +144,7 @@ def render_document(
                     "page": page.page_no,
                     "page_box": [0, 0, page.width, page.height],
                     **({"error": page.error} if page.error else {}),
-                    **({"orientation": page.scan["orientation"]} if page.scan and "orientation" in page.scan else {}),
+                    **{key: page.scan[key] for key in ("orientation", "blank") if page.scan and key in page.scan},
                     **page.stats,
                     "chunks": [
                         {**chunk, "content": _point_images_into_folder(chunk["content"], page.image_names)}
@@ -190,6 +198,7 @@ class SearchablePdfJob:
     replace_text: bool
     password: str | None = None
     rotate_pages: bool = False  # a page read turned gets the turn as its /Rotate (rotate_pdf_pages)
+    drop_pages: tuple[int, ...] = ()  # left out of the PDF (blank pages, drop_blank_pdf_pages)
 
 
 def stage_document(
@@ -199,6 +208,7 @@ def stage_document(
     formats: Iterable[str],
     metadata: dict[str, Any],
     pdf_job: SearchablePdfJob | None = None,
+    dropped: tuple[int, ...] = (),
 ) -> None:
     """Render a document's outputs and write them into its staging folder (one thread hop: all of it
     blocks). The searchable PDF comes first: what it did (or why it could not be made) goes into the JSON."""
@@ -206,7 +216,7 @@ def stage_document(
     staging_dir.mkdir(parents=True, exist_ok=True)
     if "pdf" in formats and pdf_job is not None:
         metadata = {**metadata, "pdf": _stage_searchable_pdf(staging_dir / f"{stem}.pdf", pages, pdf_job)}
-    stage_files(staging_dir, render_document(stem, pages, formats - {"pdf"}, metadata))
+    stage_files(staging_dir, render_document(stem, pages, formats - {"pdf"}, metadata, dropped))
 
 
 def _stage_searchable_pdf(out: Path, pages: list[PageOutput], job: SearchablePdfJob) -> dict[str, Any]:
@@ -230,6 +240,7 @@ def _stage_searchable_pdf(out: Path, pages: list[PageOutput], job: SearchablePdf
             pdfa=job.pdfa,
             replace_text=job.replace_text,
             rotate_pages=job.rotate_pages,
+            drop_pages=job.drop_pages,
             password=job.password if source == job.original else None,
         )
     except (PageCountMismatch, pikepdf.PdfError) as error:

@@ -39,6 +39,7 @@ class PdfReport:
     signature_removed: bool = False  # the original was signed; the copy's pages are the same, unsigned
     decrypted: bool = False  # the original was encrypted; the copy is not
     rotated_pages: list[int] = field(default_factory=list)  # given a /Rotate to show upright (rotate_pdf_pages)
+    dropped_pages: list[int] = field(default_factory=list)  # blank pages left out (drop_blank_pdf_pages)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -53,6 +54,7 @@ class PdfReport:
             "signature_removed": self.signature_removed,
             "decrypted": self.decrypted,
             "rotated_pages": self.rotated_pages,
+            "dropped_pages": self.dropped_pages,
         }
 
 
@@ -99,6 +101,7 @@ def build_searchable_pdf(
     pdfa: bool,
     replace_text: bool,
     rotate_pages: bool = False,
+    drop_pages: tuple[int, ...] = (),
     password: str | None = None,
 ) -> PdfReport:
     """Write ``out``: ``source``'s pages with an invisible text layer from ``pages`` (one per page, in order).
@@ -160,6 +163,12 @@ def build_searchable_pdf(
                 _append_content(pdf, page, content)
                 report.text_pages.append(number)
                 report.words += words
+        # Blank pages go last, after every page was matched with its layer; never every page (a PDF
+        # has at least one).
+        if drop_pages and len(set(drop_pages)) < len(pdf.pages):
+            for number in sorted(set(drop_pages), reverse=True):
+                del pdf.pages[number - 1]
+            report.dropped_pages = sorted(set(drop_pages))
         if pdfa:
             report.pdfa_blockers = pdfa_blockers(pdf)
             if not report.pdfa_blockers:
