@@ -52,6 +52,7 @@ class InboxRule(StrictModel):
     rotate_pdf_pages: bool | None = None
     blank_pages: Literal["keep", "drop"] | None = None
     drop_blank_pdf_pages: bool | None = None
+    ocr_mode: Literal["force", "skip", "redo"] | None = None
 
     @field_validator("match")
     @classmethod
@@ -86,6 +87,7 @@ class InboxRule(StrictModel):
             "rotate_pdf_pages",
             "blank_pages",
             "drop_blank_pdf_pages",
+            "ocr_mode",
         )
         return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
 
@@ -132,6 +134,10 @@ class InboxSettings(StrictModel):
     # searchable PDF too only with drop_blank_pdf_pages.
     blank_pages: Literal["keep", "drop"] = "keep"
     drop_blank_pdf_pages: bool = False
+    # Born-digital pages (chandrad.scan.digital): "force" every page to the model; "skip" a page
+    # with text of its own keeps it (only image-only pages are read); "redo" as skip, but a page
+    # whose only text is another OCR's invisible layer is read again.
+    ocr_mode: Literal["force", "skip", "redo"] = "force"
     # Which [[webhook]] / [[hook]] names apply to this inbox's documents. Default (unset): every one
     # whose own `inboxes` list names this inbox or is unset.
     webhooks: tuple[str, ...] | None = None

@@ -36,7 +36,7 @@ async def convert_once(
         scratch_path = Path(scratch)
         inherited_keys = (
             *("prompt_type", "formats", "compress", "pdf_password", "pdfa", "pdf_replace_text", "pdf_word_boxes"),
-            *("rotate_pages", "rotate_pdf_pages", "blank_pages", "drop_blank_pdf_pages"),
+            *("rotate_pages", "rotate_pdf_pages", "blank_pages", "drop_blank_pdf_pages", "ocr_mode"),
         )
         inherited = {key: getattr(template, key) for key in inherited_keys} if template else {}
         inbox = InboxSettings.model_validate(

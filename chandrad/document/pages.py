@@ -24,6 +24,7 @@ from chandrad.output import publish
 from chandrad.pdf.lines import PageLines, page_text_lines
 from chandrad.runtime import Runtime
 from chandrad.scan.blank import Blankness, judge_blank
+from chandrad.scan.digital import PDF_TEXT_ENGINE, PageText, text_page_html
 from chandrad.scan.orientation import Orientation, detect_orientation, turned_upright
 from chandrad.storage.folders import inbox_reachable
 from chandrad.storage.journal import Document
@@ -74,10 +75,20 @@ class PageReader:
         self.page_slots = page_slots
 
     async def read_pages(
-        self, doc: Document, inbox: InboxSettings, prepared: prepare.PreparedDocument, done: set[int], staging: Path
+        self,
+        doc: Document,
+        inbox: InboxSettings,
+        prepared: prepare.PreparedDocument,
+        done: set[int],
+        staging: Path,
+        own_text: dict[int, PageText] | None = None,
     ) -> None:
-        """Every page not in ``done`` to the engine; raises if the document cannot go on."""
-        todo = [n for n in range(1, prepared.page_count + 1) if n not in done]
+        """Every page not in ``done`` to the engine, but those in ``own_text`` (ocr_mode), which keep
+        their own text; raises if the document cannot go on."""
+        own_text = own_text or {}
+        for page_no in sorted(set(own_text) - done):
+            await self._record_own_text(doc, page_no, own_text[page_no], self.runtime.settings.prepare.dpi)
+        todo = [n for n in range(1, prepared.page_count + 1) if n not in done and n not in own_text]
         blank_pages = 0
         settings = self.runtime.settings
         await asyncio.to_thread(staging.mkdir, parents=True, exist_ok=True)
@@ -168,6 +179,7 @@ class PageReader:
                     chunks=tuple(rendered.chunks),
                     text_lines=text_lines,
                     scan={
+                        "path": "model",
                         "blank": blankness.as_json(),
                         **({"orientation": orientation.as_json()} if inbox.rotate_pages else {}),
                     },
@@ -197,6 +209,23 @@ class PageReader:
         elif orientation.note.startswith("orientation not detected"):
             log.warning("page orientation not detected; read as it is", reason=orientation.note)
         return orientation
+
+    async def _record_own_text(self, doc: Document, page_no: int, text: PageText, dpi: float) -> None:
+        """A page that keeps its own text (ocr_mode): its text as the page's result, no engine."""
+        journal = self.runtime.journal
+        await journal.call(
+            journal.record_page,
+            PageRecord(
+                doc_id=doc.id,
+                page_no=page_no,
+                width=round(text.width_pt * dpi / 72),
+                height=round(text.height_pt * dpi / 72),
+                html=text_page_html(text.text),
+                engine=PDF_TEXT_ENGINE,
+                scan={"path": "text", "text_chars": {"visible": text.visible, "invisible": text.invisible}},
+            ),
+        )
+        log.info("page kept its own text", page=page_no, visible=text.visible, invisible=text.invisible)
 
     async def record_failed(self, doc_id: str, page_no: int, error: DocumentError, size: tuple[int, int]) -> None:
         engine, journal = self.runtime.engine, self.runtime.journal

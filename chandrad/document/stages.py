@@ -17,7 +17,7 @@ import errno
 import json
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
@@ -34,6 +34,7 @@ from chandrad.output import delivery, publish
 from chandrad.output.failures import Failures
 from chandrad.output.publish import SearchablePdfJob
 from chandrad.runtime import Ending, Outcome, Runtime
+from chandrad.scan.digital import PageText, page_texts
 from chandrad.storage import naming
 from chandrad.storage.durable import move_durably, place_copy, rename_dir_durably
 from chandrad.storage.journal import Document
@@ -51,6 +52,8 @@ class Work:
     claimed: Path
     staging: Path
     prepared: prepare.PreparedDocument | None = None
+    # ocr_mode "skip"/"redo": the pages that keep their own text (scan.digital), by number.
+    own_text: dict[int, PageText] = field(default_factory=dict)
 
 
 class DocumentStages:
@@ -162,6 +165,15 @@ class DocumentStages:
                 settings.prepare,
                 work.inbox.pdf_password,
             )
+            if work.inbox.ocr_mode != "force" and work.prepared.doc_type == "pdf":
+                texts = await asyncio.to_thread(
+                    page_texts, work.prepared.source, settings.prepare, work.prepared.password
+                )
+                work.own_text = {
+                    number: text
+                    for number, text in enumerate(texts, start=1)
+                    if text.path(work.inbox.ocr_mode) == "text"
+                }
         work.doc = await journal.call(journal.set_state, work.doc.id, "inferring", page_count=work.prepared.page_count)
 
     async def infer(self, work: Work) -> None:
@@ -171,7 +183,7 @@ class DocumentStages:
         log.info(
             "document prepared", pages=work.prepared.page_count, done_before=len(done), kind=work.prepared.doc_type
         )
-        await self.pages.read_pages(work.doc, work.inbox, work.prepared, done, work.staging)
+        await self.pages.read_pages(work.doc, work.inbox, work.prepared, done, work.staging, work.own_text)
 
     async def publish(self, work: Work) -> None:
         """Page rows → the document's files, rendered and written in one thread hop, then renamed."""
@@ -220,7 +232,8 @@ class DocumentStages:
             doc_type=prepared.doc_type,
             lossless=inbox.compress == "lossless",
             pdfa=inbox.pdfa,
-            replace_text=inbox.pdf_replace_text,
+            # "redo" reads another OCR's pages again: their old invisible layer gives way to the new one.
+            replace_text=inbox.pdf_replace_text or inbox.ocr_mode == "redo",
             password=inbox.pdf_password,
             rotate_pages=inbox.rotate_pdf_pages,
             drop_pages=dropped if inbox.drop_blank_pdf_pages else (),

@@ -45,6 +45,10 @@ class RenderedPage:
     image_names: tuple[str, ...]
 
 
+# What chandrad.scan decided about a page, as the JSON gives it: which path the page took (the
+# model, or its own text), its orientation, whether it is blank.
+SCAN_KEYS = ("path", "orientation", "blank")
+
 _PAGE_PREFIX = re.compile(r"^p\d+-")
 
 
@@ -144,7 +148,11 @@ def render_document(
                     "page": page.page_no,
                     "page_box": [0, 0, page.width, page.height],
                     **({"error": page.error} if page.error else {}),
-                    **{key: page.scan[key] for key in ("orientation", "blank") if page.scan and key in page.scan},
+                    **{
+                        key: page.scan[key]
+                        for key in ("path", "orientation", "blank")
+                        if page.scan and key in page.scan
+                    },
                     **page.stats,
                     "chunks": [
                         {**chunk, "content": _point_images_into_folder(chunk["content"], page.image_names)}
