@@ -2,22 +2,30 @@
 
 A scratch inbox, journal and failed folder live in a temporary directory; each file is journaled
 as already claimed where it lies (``move_originals=False``: originals stay where they are), then
-``Pipeline.process`` runs it, a transient failure again at once, up to ``max_attempts``.
+``Pipeline.process`` runs it, a transient failure or a wait again after a pause (up to
+``max_attempts`` attempts; a wait uses none, so ``ONCE_ROUNDS`` bounds both).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from chandrad.backoff import backoff_seconds
 from chandrad.config import InboxSettings, Settings, prepare_folders
 from chandrad.document.pipeline import Pipeline
 from chandrad.engine import create_engine, pages_in_flight
 from chandrad.runtime import Ending
 from chandrad.storage.folders import host_staging, staging_root
 from chandrad.storage.journal import Journal
+
+# How many times `once` takes a document up again before it gives up (each transient failure or
+# wait), and the longest pause between two: about four minutes of a full disk in all.
+ONCE_ROUNDS = 12
+ONCE_PAUSE_CAP_SECONDS = 30.0
 
 
 async def convert_once(
@@ -71,8 +79,18 @@ async def convert_once(
                 doc_ids.append((file, doc.id))
 
             async def convert(file: Path, doc_id: str) -> None:
+                rounds = 0
                 while (outcome := await pipeline.process(doc_id)).state is Ending.RETRYING:
-                    pass  # transient failure: retried at once, up to max_attempts
+                    # A transient failure uses an attempt (the pipeline fails the document after
+                    # max_attempts); a wait (a full disk, an unreachable folder) does not, so
+                    # without a bound of its own a lasting one would hold `once` for ever.
+                    rounds += 1
+                    if rounds >= ONCE_ROUNDS:
+                        outcome = dataclasses.replace(
+                            outcome, state=Ending.FAILED, reason=f"gave up after {rounds} tries: {outcome.reason}"
+                        )
+                        break
+                    await asyncio.sleep(backoff_seconds(0.5, rounds, ONCE_PAUSE_CAP_SECONDS))
                 if outcome.state is Ending.FAILED:
                     failures.append((str(file), outcome.reason))
                 else:
