@@ -166,9 +166,13 @@ class DocumentStages:
                 work.inbox.pdf_password,
             )
             if work.inbox.ocr_mode != "force" and work.prepared.doc_type == "pdf":
-                texts = await asyncio.to_thread(
-                    page_texts, work.prepared.source, settings.prepare, work.prepared.password
-                )
+                try:
+                    texts = await asyncio.to_thread(
+                        page_texts, work.prepared.source, settings.prepare, work.prepared.password
+                    )
+                except PermanentError as error:  # every page goes to the model, as with "force"
+                    log.warning("the PDF's own text could not be read; every page is read", reason=error.reason)
+                    texts = []
                 work.own_text = {
                     number: text
                     for number, text in enumerate(texts, start=1)
