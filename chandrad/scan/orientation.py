@@ -82,7 +82,8 @@ def detect_orientation(image: Image.Image, dpi: float, settings: PrepareSettings
         )
     with tempfile.TemporaryDirectory(prefix="chandrad-osd-") as folder:
         page_png = Path(folder) / "page.png"
-        resolution = max(1, round(dpi * scale))
+        # Tesseract judges text size by it; below 70 it assumes 70 anyway (with a warning).
+        resolution = max(70, round(dpi * scale))
         copy.save(page_png, "PNG", dpi=(resolution, resolution))
         try:
             # One thread: pages are judged side by side, a core each; tesseract's OpenMP would
