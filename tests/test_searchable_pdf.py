@@ -431,6 +431,59 @@ def test_what_pdfa_forbids_in_the_original_is_reported_not_claimed(tmp_path):
         assert "pdfaid:part" not in pdf.open_metadata()
 
 
+def _with(tmp_path, change) -> Path:
+    """A one-page PDF that the change makes un-PDF/A-able (or not)."""
+    source = tmp_path / "source.pdf"
+    with pikepdf.new() as pdf:
+        page = pdf.add_blank_page(page_size=(200, 200))
+        change(pdf, page)
+        pdf.save(source)
+    return source
+
+
+def _annot(pdf, page, **keys):
+    page.obj.Annots = pdf.make_indirect(pikepdf.Array([pdf.make_indirect(pikepdf.Dictionary(
+        Type=pikepdf.Name.Annot, Rect=[10, 10, 50, 50], **keys))]))
+
+
+def _js(pdf):
+    return pikepdf.Dictionary(S=pikepdf.Name.JavaScript, JS=pikepdf.String("app.alert(1)"))
+
+
+BLOCKERS = {
+    "an open trigger's JavaScript": (lambda pdf, page: setattr(pdf.Root, "AA", pikepdf.Dictionary(WC=_js(pdf))),
+                                     "runs an action when opened"),
+    "a page's trigger": (lambda pdf, page: setattr(page.obj, "AA", pikepdf.Dictionary(O=_js(pdf))),
+                         "page 1 runs an action"),
+    "an action's next action": (lambda pdf, page: setattr(pdf.Root, "OpenAction", pikepdf.Dictionary(
+        S=pikepdf.Name.GoTo, D=[page.obj, pikepdf.Name.Fit], Next=_js(pdf))), "runs an action when opened"),
+    "a link that launches": (lambda pdf, page: _annot(pdf, page, Subtype=pikepdf.Name.Link, F=4, A=pikepdf.Dictionary(
+        S=pikepdf.Name.Launch, F=pikepdf.String("calc.exe"))), "annotation that runs an action"),
+    "a link that does not print": (lambda pdf, page: _annot(pdf, page, Subtype=pikepdf.Name.Link, F=0),
+                                   "annotation that does not print"),
+    "a print output intent": (lambda pdf, page: setattr(pdf.Root, "OutputIntents", pikepdf.Array([pikepdf.Dictionary(
+        Type=pikepdf.Name.OutputIntent, S=pikepdf.Name.GTS_PDFX, OutputConditionIdentifier="FOGRA39",
+        DestOutputProfile=pdf.make_stream(b"\0" * 128, N=4))])), "output intent of its own"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BLOCKERS))
+def test_what_pdfa_forbids_is_looked_for_everywhere_it_hides(tmp_path, kind):
+    change, reason = BLOCKERS[kind]
+    source = _with(tmp_path, change)
+    layer = PageLayer(200, 200, [{"label": "Text", "bbox": [10, 10, 190, 40], "content": "<p>words</p>"}])
+    report = build_searchable_pdf(source, "pdf", [layer], tmp_path / "out.pdf", pdfa=True, replace_text=False)
+    assert not report.pdfa and any(reason in blocker for blocker in report.pdfa_blockers), report.pdfa_blockers
+
+
+def test_a_printable_link_keeps_pdfa(tmp_path):
+    source = _with(tmp_path, lambda pdf, page: _annot(pdf, page, Subtype=pikepdf.Name.Link, F=4, A=pikepdf.Dictionary(
+        S=pikepdf.Name.URI, URI=pikepdf.String("https://example.org"))))
+    layer = PageLayer(200, 200, [{"label": "Text", "bbox": [10, 10, 190, 40], "content": "<p>words</p>"}])
+    report = build_searchable_pdf(source, "pdf", [layer], tmp_path / "out.pdf", pdfa=True, replace_text=False)
+    assert report.pdfa and not report.pdfa_blockers
+
+
 # -- inputs it cannot carry as they are ------------------------------------------------------------------
 
 

@@ -19,15 +19,20 @@ def _srgb_profile() -> bytes:
 def pdfa_blockers(pdf: Pdf) -> list[str]:
     """What in the original keeps the file from being PDF/A-2b without changing its pages; [] if nothing.
 
-    Looked at: fonts not embedded, DeviceCMYK without a CMYK output intent, images to be
-    interpolated, annotations that do not print, JavaScript, launch actions, embedded files, XFA.
+    Looked at: fonts not embedded (in pages, their forms and annotations' appearances), DeviceCMYK
+    without a CMYK output intent, an output intent of the original's own (PDF/A wants every intent
+    to carry the same profile; the sRGB one added would differ), images to be interpolated,
+    annotations that do not print (all but Popup) or lack an appearance (all but Popup and Link),
+    JavaScript and launch actions (the document's, its triggers', its pages' and annotations'),
+    embedded files, XFA.
     """
     problems: set[str] = set()
     intents = pdf.Root.get("/OutputIntents", Array())
-    cmyk_intent = any(
-        isinstance(i, Dictionary) and i.get("/DestOutputProfile") is not None and i.DestOutputProfile.get("/N") == 4
-        for i in intents
-    )
+    profiled = [i for i in intents if isinstance(i, Dictionary) and i.get("/DestOutputProfile") is not None]
+    has_pdfa_intent = any(i.get("/S") == Name.GTS_PDFA1 for i in profiled)
+    if profiled and not has_pdfa_intent:
+        problems.add("it has an output intent of its own (a print profile), which a PDF/A one would contradict")
+    cmyk_intent = any(i.get("/S") == Name.GTS_PDFA1 and i.DestOutputProfile.get("/N") == 4 for i in profiled)
     names = pdf.Root.get("/Names")
     if isinstance(names, Dictionary):
         if "/EmbeddedFiles" in names:
@@ -37,16 +42,25 @@ def pdfa_blockers(pdf: Pdf) -> list[str]:
     acroform = pdf.Root.get("/AcroForm")
     if isinstance(acroform, Dictionary) and "/XFA" in acroform:
         problems.add("it has an XFA form")
-    for action_owner in (pdf.Root.get("/OpenAction"), pdf.Root.get("/AA")):
-        if isinstance(action_owner, Dictionary) and action_owner.get("/S") in (Name.JavaScript, Name.Launch):
-            problems.add("it runs an action when opened")
+    if _runs_forbidden_action(pdf.Root.get("/OpenAction")) or _triggers_forbidden_action(pdf.Root.get("/AA")):
+        problems.add("it runs an action when opened")
     for number, page in enumerate(pdf.pages, start=1):
+        if _triggers_forbidden_action(page.obj.get("/AA")):
+            problems.add(f"page {number} runs an action")
+        visited: set[tuple[int, int]] = set()
         for annot in page.obj.get("/Annots", Array()):
-            if not isinstance(annot, Dictionary) or annot.get("/Subtype") in (Name.Popup, Name.Link):
+            if not isinstance(annot, Dictionary) or annot.get("/Subtype") == Name.Popup:
                 continue
             flags = int(annot.get("/F", 0))
-            if "/AP" not in annot or not flags & 4 or flags & (1 | 2 | 32):
-                problems.add(f"page {number} has an annotation without a printable appearance")
+            if not flags & 4 or flags & (1 | 2 | 32):
+                problems.add(f"page {number} has an annotation that does not print")
+            if annot.get("/Subtype") != Name.Link and "/AP" not in annot:
+                problems.add(f"page {number} has an annotation without an appearance")
+            if _runs_forbidden_action(annot.get("/A")) or _triggers_forbidden_action(annot.get("/AA")):
+                problems.add(f"page {number} has an annotation that runs an action")
+            for stream in _appearance_streams(annot):
+                for problem in _resource_problems(stream.get("/Resources"), cmyk_intent, 0, visited):
+                    problems.add(f"page {number}'s annotation: {problem}")
         for problem in _resource_problems(page.obj.get("/Resources"), cmyk_intent, 0, set()):
             problems.add(f"page {number}: {problem}")
         if not cmyk_intent:
@@ -57,6 +71,42 @@ def pdfa_blockers(pdf: Pdf) -> list[str]:
             if uses_cmyk:
                 problems.add(f"page {number} paints in DeviceCMYK")
     return sorted(problems)
+
+
+def _appearance_streams(annot: Dictionary) -> list[pikepdf.Stream]:
+    """An annotation's normal appearance: one stream, or one per state (a check box's on and off)."""
+    appearance = annot.get("/AP")
+    normal = appearance.get("/N") if isinstance(appearance, Dictionary) else None
+    if isinstance(normal, pikepdf.Stream):
+        return [normal]
+    if isinstance(normal, Dictionary):
+        return [stream for stream in normal.values() if isinstance(stream, pikepdf.Stream)]
+    return []
+
+
+_FORBIDDEN_ACTIONS = (Name.JavaScript, Name.Launch)
+
+
+def _runs_forbidden_action(action: Any) -> bool:
+    """Whether an action (or the chain of actions its /Next holds) runs JavaScript or launches a program."""
+    seen = 0
+    pending = [action]
+    while pending and seen < 64:
+        current = pending.pop()
+        seen += 1
+        if isinstance(current, Array):
+            pending.extend(current)
+        elif isinstance(current, Dictionary):
+            if current.get("/S") in _FORBIDDEN_ACTIONS:
+                return True
+            if "/Next" in current:
+                pending.append(current.Next)
+    return False
+
+
+def _triggers_forbidden_action(triggers: Any) -> bool:
+    """Whether an additional-actions dictionary (``/AA``: an action per trigger) holds a forbidden one."""
+    return isinstance(triggers, Dictionary) and any(_runs_forbidden_action(action) for action in triggers.values())
 
 
 def _resource_problems(resources: Any, cmyk_intent: bool, depth: int, visited: set[tuple[int, int]]) -> Iterator[str]:
