@@ -526,3 +526,24 @@ async def test_a_share_that_stopped_answering_ties_up_its_own_inbox_threads_neve
         share_answers.set()
         world.runtime.close()
         world.journal.close()
+
+
+def test_a_survivor_whose_takeover_came_second_leaves_the_winners_marker_as_the_winner_left_it(tmp_path):
+    """Two survivors take one dead host's claim at once: the second one's marker, written just
+    before its rename failed, would say it took the document and had not renamed it yet (the dead
+    host, coming back after the winner published and cleaned up, would take that for a taker
+    stopped half-way). The loser puts the winner's name and "renamed" back."""
+    import json as _json
+
+    from chandrad.hosts import takeover
+    from chandrad.storage import folders
+
+    inbox = tmp_path / "inbox"
+    dead = folders.claim_dir(inbox, "dead", "doc1")
+    dead.mkdir(parents=True)
+    (dead / "scan.pdf").write_bytes(b"%PDF-1.4")
+    assert takeover._take_folder(inbox, "dead", "winner", "doc1") == folders.claim_dir(inbox, "winner", "doc1")
+    assert takeover._take_folder(inbox, "dead", "loser", "doc1") is None
+    marker = _json.loads(folders.taken_marker(inbox, "dead", "doc1").read_text())
+    assert marker["host_id"] == "winner" and marker["renamed"] is True
+    assert (folders.claim_dir(inbox, "winner", "doc1") / "scan.pdf").exists()

@@ -107,7 +107,7 @@ def taken_over_by(inbox_path: Path, host_id: str, doc_id: str) -> str | None:
     under another host's claims says so; else our ``<doc_id>.taken`` marker, which a taker writes
     just before its rename. Call it when our claimed original is gone: a marker beside a claim
     folder still here only means that the taker stopped between the two (``keep_claim``)."""
-    holder = _held_by_another(inbox_path, host_id, doc_id)
+    holder = held_by_another(inbox_path, host_id, doc_id)
     if holder is not None:
         return holder
     marker = folders.taken_marker(inbox_path, host_id, doc_id)
@@ -119,7 +119,7 @@ def taken_over_by(inbox_path: Path, host_id: str, doc_id: str) -> str | None:
         return "another host"
 
 
-def _held_by_another(inbox_path: Path, host_id: str, doc_id: str) -> str | None:
+def held_by_another(inbox_path: Path, host_id: str, doc_id: str) -> str | None:
     """The other host whose claims hold ``doc_id``'s folder, or None (blocking)."""
     try:
         others = [entry for entry in folders.claimed_root(inbox_path).iterdir() if entry.name != host_id]
@@ -132,7 +132,7 @@ def marker_before_rename(inbox_path: Path, host_id: str, doc_id: str) -> bool:
     """Whether ``doc_id``'s ``.taken`` marker is only a taker's first one, written before its rename,
     and no other host's claims hold the document (blocking): the taker may have stopped before its
     rename. A taker whose rename succeeded says so in the marker (``renamed``)."""
-    if _held_by_another(inbox_path, host_id, doc_id) is not None:
+    if held_by_another(inbox_path, host_id, doc_id) is not None:
         return False
     try:
         marker = json.loads(folders.taken_marker(inbox_path, host_id, doc_id).read_text(encoding="utf-8"))

@@ -24,7 +24,7 @@ import structlog
 
 from chandrad.config import InboxSettings
 from chandrad.errors import InboxUnreachableError
-from chandrad.hosts.claims import claimed_file, journal_claim
+from chandrad.hosts.claims import claimed_file, held_by_another, journal_claim
 from chandrad.hosts.identity import heartbeat_interval, instance_id, machine_id, pid_space
 from chandrad.runtime import Runtime, now_iso
 from chandrad.storage import folders
@@ -119,6 +119,14 @@ def _take_folder(inbox_path: Path, dead: str, me: str, doc_id: str) -> Path | No
     try:
         os.rename(source, target)
     except FileNotFoundError:
+        # Another survivor's rename came first, and our marker may have replaced its "renamed" one:
+        # the marker names the host whose claims hold the folder, as that host left it.
+        winner = held_by_another(inbox_path, dead, doc_id)
+        if winner is not None and winner != me:
+            settled = {"host_id": winner, "at": now_iso(), "renamed": True}
+            write_file_durably(
+                folders.taken_marker(inbox_path, dead, doc_id), json.dumps(settled).encode("utf-8"), writer=me
+            )
         return None
     except OSError as error:
         if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
