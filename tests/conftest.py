@@ -66,6 +66,22 @@ def corpus_file(name: str) -> Path:
     return path
 
 
+def once_with_tesseract(folder: Path, files: list[Path], config: str = "", formats: str = "md,json,pdf") -> Path:
+    """``chandrad once`` as a person runs it (its own process, the tesseract engine) with an inbox
+    configured by ``config`` (TOML lines of the [[inbox]] table); the output folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config_path = folder / "config.toml"
+    config_path.write_text(f'state_dir = "{folder}/state"\n[[inbox]]\npath = "{folder}/in"\n{config}')
+    out = folder / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "chandrad", "once", "--engine", "tesseract", "--formats", formats,
+         "--config", str(config_path), "-o", str(out), *map(str, files)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    return out
+
+
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.2) -> object:
     """Poll until ``predicate`` is truthy; fail the test naming ``what`` otherwise."""
     deadline = time.monotonic() + timeout

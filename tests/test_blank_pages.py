@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import img2pdf
@@ -17,7 +16,7 @@ import pypdfium2 as pdfium
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from chandrad.scan.blank import BLANK_INK, ink_share, judge_blank, model_says_blank
-from tests.conftest import corpus_file
+from tests.conftest import corpus_file, once_with_tesseract
 
 FRONTS = ["linn.pdf", "c02-22.pdf", "francais.pdf"]
 
@@ -56,18 +55,8 @@ def _duplex_scan(path: Path) -> None:
     path.write_bytes(img2pdf.convert(frames))
 
 
-def _once(tmp_path: Path, source: Path, config: str) -> Path:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    config_path = tmp_path / "config.toml"
-    config_path.write_text(f'state_dir = "{tmp_path}/state"\n[[inbox]]\npath = "{tmp_path}/in"\n{config}')
-    out = tmp_path / "out"
-    done = subprocess.run(
-        [sys.executable, "-m", "chandrad", "once", "--engine", "tesseract", "--formats", "md,html,json,pdf",
-         "--config", str(config_path), "-o", str(out), str(source)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert done.returncode == 0, done.stderr
-    return out / source.stem
+def _once(folder: Path, source: Path, config: str) -> Path:
+    return once_with_tesseract(folder, [source], config, formats="md,html,json,pdf") / source.stem
 
 
 def test_blank_backs_are_dropped_from_markdown_html_and_json_but_kept_in_the_pdf(tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pikepdf
@@ -15,21 +14,7 @@ import pytest
 
 from chandrad.config import PrepareSettings
 from chandrad.scan.digital import MIN_TEXT_CHARS, PageText, page_texts
-from tests.conftest import corpus_file
-
-
-def _once(tmp_path: Path, files: list[Path], config: str, formats: str = "md,json,pdf") -> Path:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    config_path = tmp_path / "config.toml"
-    config_path.write_text(f'state_dir = "{tmp_path}/state"\n[[inbox]]\npath = "{tmp_path}/in"\n{config}')
-    out = tmp_path / "out"
-    done = subprocess.run(
-        [sys.executable, "-m", "chandrad", "once", "--engine", "tesseract", "--formats", formats,
-         "--config", str(config_path), "-o", str(out), *map(str, files)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert done.returncode == 0, done.stderr
-    return out
+from tests.conftest import corpus_file, once_with_tesseract
 
 
 def _json(folder: Path) -> dict:
@@ -42,7 +27,7 @@ def _words(text: str) -> list[str]:
 
 def test_skip_sends_no_page_of_a_digital_pdf_to_the_engine_and_keeps_its_text(tmp_path):
     source = corpus_file("multi-page-digital.pdf")
-    folder = _once(tmp_path, [source], 'ocr_mode = "skip"\n') / source.stem
+    folder = once_with_tesseract(tmp_path, [source], 'ocr_mode = "skip"\n') / source.stem
     pages = _json(folder)["pages"]
     assert [(page["path"], page["engine"]) for page in pages] == [("text", "pdf-text")] * 3
     own = subprocess.run(["pdftotext", str(source), "-"], capture_output=True, text=True, check=True).stdout
@@ -52,7 +37,7 @@ def test_skip_sends_no_page_of_a_digital_pdf_to_the_engine_and_keeps_its_text(tm
 
 def test_force_is_the_default_and_reads_every_page(tmp_path):
     source = corpus_file("multi-page-digital.pdf")
-    pages = _json(_once(tmp_path, [source], "") / source.stem)["pages"]
+    pages = _json(once_with_tesseract(tmp_path, [source], "") / source.stem)["pages"]
     assert [(page["path"], page["engine"]) for page in pages] == [("model", "tesseract")] * 3
 
 
@@ -61,7 +46,7 @@ def ocred_scan(tmp_path_factory) -> Path:
     """linn.pdf as another OCR leaves it: the scan with an invisible text layer (made by chandrad's
     own searchable PDF, which is what such a layer is)."""
     folder = tmp_path_factory.mktemp("ocred")
-    out = _once(folder, [corpus_file("linn.pdf")], "", formats="pdf")
+    out = once_with_tesseract(folder, [corpus_file("linn.pdf")], "", formats="pdf")
     made = out / "linn" / "linn.pdf"
     with pikepdf.open(made) as pdf:
         assert pdf.pages[0].obj.Contents is not None
@@ -71,10 +56,10 @@ def ocred_scan(tmp_path_factory) -> Path:
 def test_skip_keeps_another_ocrs_layer_and_redo_reads_the_page_again(tmp_path, ocred_scan):
     facts = page_texts(ocred_scan, PrepareSettings())
     assert facts[0].visible < MIN_TEXT_CHARS <= facts[0].invisible
-    kept = _json(_once(tmp_path / "skip", [ocred_scan], 'ocr_mode = "skip"\n') / "linn")
+    kept = _json(once_with_tesseract(tmp_path / "skip", [ocred_scan], 'ocr_mode = "skip"\n') / "linn")
     assert kept["pages"][0]["path"] == "text" and kept["pdf"]["kept_text_pages"] == [1]
 
-    redone = _once(tmp_path / "redo", [ocred_scan], 'ocr_mode = "redo"\n') / "linn"
+    redone = once_with_tesseract(tmp_path / "redo", [ocred_scan], 'ocr_mode = "redo"\n') / "linn"
     document = _json(redone)
     assert document["pages"][0]["path"] == "model" and document["pages"][0]["engine"] == "tesseract"
     assert document["pdf"]["replaced_text_pages"] == [1], "the old invisible layer gives way to the new one"
@@ -96,7 +81,7 @@ def test_a_mixed_document_is_decided_page_by_page(tmp_path):
         _page_of(corpus_file("linn.pdf"), 0, pdf)
         _page_of(corpus_file("multi-page-digital.pdf"), 1, pdf)
         pdf.save(mixed)
-    folder = _once(tmp_path, [mixed], 'ocr_mode = "skip"\n') / "mixed"
+    folder = once_with_tesseract(tmp_path, [mixed], 'ocr_mode = "skip"\n') / "mixed"
     assert [page["path"] for page in _json(folder)["pages"]] == ["text", "model", "text"]
     markdown = (folder / "mixed.md").read_text()
     assert "Page 1." in markdown and "Page 2." in markdown and "LinnSequencer" in markdown.replace(" ", "")
@@ -117,7 +102,7 @@ def test_a_stray_character_or_a_margin_stamp_is_not_a_pages_text(tmp_path):
         pdf.save(stamped)
     facts = page_texts(stamped, PrepareSettings())
     assert facts[0].visible == 1, facts[0]
-    assert _json(_once(tmp_path, [stamped], 'ocr_mode = "skip"\n') / "stamped")["pages"][0]["path"] == "model"
+    assert _json(once_with_tesseract(tmp_path, [stamped], 'ocr_mode = "skip"\n') / "stamped")["pages"][0]["path"] == "model"
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,6 @@ import io
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import img2pdf
@@ -20,7 +19,7 @@ from PIL import Image
 
 from chandrad.config import PrepareSettings
 from chandrad.scan.orientation import Orientation, detect_orientation, turned_upright
-from tests.conftest import corpus_file
+from tests.conftest import corpus_file, once_with_tesseract
 
 PARAGRAPH = (
     "This is the text that appears on a page which the feeder turned over. Every line of it "
@@ -75,20 +74,6 @@ def _turned_text_pdf(path: Path, angle: int) -> None:
     path.write_bytes(img2pdf.convert(buffer.getvalue()))
 
 
-def _once(tmp_path: Path, files: list[Path], config: str = "") -> Path:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    out = tmp_path / "out"
-    config_path = tmp_path / "config.toml"
-    config_path.write_text(f'state_dir = "{tmp_path}/state"\n[[inbox]]\npath = "{tmp_path}/in"\n{config}')
-    done = subprocess.run(
-        [sys.executable, "-m", "chandrad", "once", "--engine", "tesseract", "--formats", "md,json,pdf",
-         "--config", str(config_path), "-o", str(out), *map(str, files)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert done.returncode == 0, done.stderr
-    return out
-
-
 def _pdftotext(pdf: Path, *options: str) -> str:
     return subprocess.run(["pdftotext", *options, str(pdf), "-"], capture_output=True, text=True, check=True).stdout
 
@@ -100,11 +85,11 @@ def test_text_turned_in_the_page_content_reads_upright_in_markdown_and_in_the_pd
     if angle == 180:
         # Read as it lies, an upside-down page is not readable (tesseract itself, the stand-in
         # engine here, finds sideways lines on its own; the model does not).
-        as_is = _once(tmp_path / "as-is", [source], "rotate_pages = false\n")
+        as_is = once_with_tesseract(tmp_path / "as-is", [source], "rotate_pages = false\n")
         garbled = (as_is / source.stem / f"{source.stem}.md").read_text()
         assert _in_order(_words(PARAGRAPH), _words(garbled)) < 0.5, garbled
 
-    out = _once(tmp_path, [source])
+    out = once_with_tesseract(tmp_path, [source])
     folder = out / source.stem
     markdown = _words((folder / f"{source.stem}.md").read_text())
     assert _in_order(_words(PARAGRAPH), markdown) >= 0.95
@@ -123,7 +108,7 @@ def test_text_turned_in_the_page_content_reads_upright_in_markdown_and_in_the_pd
 def test_rotate_pdf_pages_shows_the_turned_page_upright_with_its_layer(tmp_path):
     source = tmp_path / "turned-90.pdf"
     _turned_text_pdf(source, 90)
-    out = _once(tmp_path, [source], "rotate_pdf_pages = true\n")
+    out = once_with_tesseract(tmp_path, [source], "rotate_pdf_pages = true\n")
     pdf = out / source.stem / f"{source.stem}.pdf"
     markdown = _words((out / source.stem / f"{source.stem}.md").read_text())
     with pikepdf.open(pdf) as written:
@@ -192,7 +177,7 @@ def test_word_recall_of_turned_scans_through_the_engine_is_within_two_points_of_
     files: list[Path] = []
     for name in ("linn.pdf", "c02-22.pdf"):
         files += _turned_inputs(tmp_path, name)
-    out = _once(tmp_path, files)
+    out = once_with_tesseract(tmp_path, files)
     for name in ("linn", "c02-22"):
         truth = _words((out / f"{name}-0" / f"{name}-0.md").read_text())
         for path in files:
