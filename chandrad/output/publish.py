@@ -1,4 +1,5 @@
-"""Page results → one document directory in the outbox, all or nothing; then the original's last move.
+"""Page results → one document directory in the outbox, all or nothing (the original's last move is
+``document/stages.finish``'s).
 
 Rendering is pure (``render_document``) and uses ``chandra.output``, the model's own parser, so
 our Markdown/HTML/JSON are what the ``chandra`` CLI would write. Writing is two steps: everything

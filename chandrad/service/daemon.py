@@ -3,7 +3,7 @@
 No stage logic lives here (``pipeline`` composes it: intake, stages, failures, recovery); this
 module decides *when* things run. Phases
 follow uvicorn's server: ``startup`` (folders, journal, engine warm-up, crash recovery),
-``main_loop`` (everything runs in one ``TaskGroup``; signal handlers only set flags), ``shutdown``
+``main_loop`` (every loop a task recorded in ``stopping.LoopTasks``; signal handlers only set flags), ``shutdown``
 (stop watching, let in-flight documents finish for ``drain_seconds``, then cancel them: the
 journal resumes them at the next start).
 """

@@ -145,7 +145,7 @@ CREATE INDEX IF NOT EXISTS deliveries_state_updated ON deliveries (state, update
 # changes one: ``counts`` (the watchdog's health check, ``chandrad status``) and ``delivery_counts``
 # (the pending gauge) read a few rows instead of counting the whole table (58 and 80 ms with a
 # million rows, on the journal's one thread, in front of intake). Created, and filled from the
-# tables, once, under the write lock (``Journal._keep_counts``): no row is counted twice or missed.
+# tables, once, under the write lock (``make_tables``): no row is counted twice or missed.
 COUNTS_SCHEMA = (
     "CREATE TABLE state_counts (tbl TEXT NOT NULL, state TEXT NOT NULL, n INTEGER NOT NULL, "
     "PRIMARY KEY (tbl, state)) WITHOUT ROWID",
