@@ -42,6 +42,7 @@ class Ending(StrEnum):
     FAILED = "failed"
     RETRYING = "queued"  # queued again: an attempt failed and another is due
     TAKEN_OVER = "taken over"  # by another host: forgotten here
+    SPLIT = "split"  # a batch scan: its parts are documents of their own now
 
     @property
     def metric(self) -> str:

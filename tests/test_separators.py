@@ -1,6 +1,6 @@
 """Separator sheets of a batch scan found where they are (real zxing-cpp on pages rendered by
-prepare's PDFium child; generated stacks of corpus scans). Splitting a document at them is not
-yet wired into the pipeline: these prove the detection and the page ranges it gives."""
+prepare's PDFium child; generated stacks of corpus scans): the detection and the page ranges it
+gives (tests/test_split.py: the daemon making each part a document)."""
 
 from __future__ import annotations
 

@@ -35,6 +35,13 @@ def name_matches(pattern: str, name: str, *, case: bool = False) -> bool:
     return bool(wcfnmatch.fnmatch(name, pattern, flags=flags))
 
 
+def _checked_split_on(split_on: tuple[str, ...]) -> tuple[str, ...]:
+    for spec in split_on:
+        if spec not in ("patch-t", "blank") and not (spec.startswith("barcode:") and len(spec) > len("barcode:")):
+            raise ValueError(f'split_on {spec!r}: use "patch-t", "blank" or "barcode:TEXT"')
+    return split_on
+
+
 class InboxRule(StrictModel):
     """``[[inbox.rule]]``: settings for the files of an inbox whose relative path matches ``match``.
     Keys left out keep the inbox's own value; the first rule that matches wins."""
@@ -53,6 +60,12 @@ class InboxRule(StrictModel):
     blank_pages: Literal["keep", "drop"] | None = None
     drop_blank_pdf_pages: bool | None = None
     ocr_mode: Literal["force", "skip", "redo"] | None = None
+    split_on: tuple[str, ...] | None = None
+
+    @field_validator("split_on")
+    @classmethod
+    def _valid_split_on(cls, split_on: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if split_on is None else _checked_split_on(split_on)
 
     @field_validator("match")
     @classmethod
@@ -88,6 +101,7 @@ class InboxRule(StrictModel):
             "blank_pages",
             "drop_blank_pdf_pages",
             "ocr_mode",
+            "split_on",
         )
         return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
 
@@ -138,12 +152,21 @@ class InboxSettings(StrictModel):
     # with text of its own keeps it (only image-only pages are read); "redo" as skip, but a page
     # whose only text is another OCR's invisible layer is read again.
     ocr_mode: Literal["force", "skip", "redo"] = "force"
+    # Batch scans (chandrad.document.split): a PDF is cut at its separator sheets into documents of
+    # their own: "patch-t" (a PATCH T sheet's barcode), "barcode:TEXT" (a code reading TEXT),
+    # "blank" (a blank page). () = never split.
+    split_on: tuple[str, ...] = ()
     # Which [[webhook]] / [[hook]] names apply to this inbox's documents. Default (unset): every one
     # whose own `inboxes` list names this inbox or is unset.
     webhooks: tuple[str, ...] | None = None
     hooks: tuple[str, ...] | None = None
     # [[inbox.rule]] tables: settings per sub-folder or kind of file, the first match wins.
     rule: tuple[InboxRule, ...] = ()
+
+    @field_validator("split_on")
+    @classmethod
+    def _valid_split_on(cls, split_on: tuple[str, ...]) -> tuple[str, ...]:
+        return _checked_split_on(split_on)
 
     @model_validator(mode="before")
     @classmethod

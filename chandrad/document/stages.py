@@ -25,7 +25,9 @@ from structlog.contextvars import bound_contextvars
 
 from chandrad import prepare, tools
 from chandrad.config import InboxSettings
+from chandrad.document.archive import settle_original
 from chandrad.document.pages import PageReader, check_inbox_reachable
+from chandrad.document.split import Splitter
 from chandrad.engine import pages_in_flight
 from chandrad.errors import DiskFullError, DocumentError, PermanentError, TransientError, is_disk_full
 from chandrad.hosts import claims
@@ -36,9 +38,9 @@ from chandrad.output.publish import SearchablePdfJob
 from chandrad.runtime import Ending, Outcome, Runtime
 from chandrad.scan.digital import PageText, page_texts
 from chandrad.storage import naming
-from chandrad.storage.durable import move_durably, place_copy, rename_dir_durably
+from chandrad.storage.durable import place_copy, rename_dir_durably
 from chandrad.storage.journal import Document
-from chandrad.storage.schema import PageRecord
+from chandrad.storage.schema import DocumentState, PageRecord
 
 log = structlog.get_logger("chandrad.document.stages")
 
@@ -63,11 +65,20 @@ class DocumentStages:
         settings = runtime.settings
         self.pages = PageReader(runtime, asyncio.Semaphore(pages_in_flight(settings.engine, runtime.engine.name)))
         self.prepare_slots = asyncio.Semaphore(settings.prepare.workers)
+        self.splitter = Splitter(runtime)
 
     async def run(self, doc_id: str) -> Outcome:
-        """Carry one claimed document as far as it goes: published, failed, or queued for a retry."""
+        """Carry one claimed document as far as it goes: published, failed, queued for a retry, or
+        split into parts; a part that ends final may be its batch scan's last (``split``)."""
         journal = self.runtime.journal
         doc = await journal.call(journal.get, doc_id)
+        outcome = await self._run(doc)
+        if doc.parent_id is not None and outcome.state in (Ending.PUBLISHED, Ending.FAILED):
+            await self.splitter.complete(doc.parent_id)
+        return outcome
+
+    async def _run(self, doc: Document) -> Outcome:
+        doc_id = doc.id
         inbox = self.runtime.inbox_of(doc)
         programs: set[subprocess.Popen[bytes]] = set()
         token = tools.running_tools.set(programs)
@@ -106,6 +117,10 @@ class DocumentStages:
         if resumed is not None:
             return resumed
         await self.prepare(work)  # → preparing, then inferring: the working copy and the page count
+        assert work.prepared is not None
+        split = await self.splitter.split(work.doc, inbox, work.prepared)  # → split: its parts queued
+        if split is not None:
+            return split
         await self.infer(work)  # pages through the engine, each committed as it arrives
         await self.publish(work)  # → publishing: the outputs renamed into the outbox
         outcome = await self.finish(work)  # → published: the original archived, deleted or kept
@@ -121,7 +136,10 @@ class DocumentStages:
         """Where an interrupted document stands: done but for its last move, failed already on
         disk, a copy whose duplicate check a crash cut short, or (None) to be carried on."""
         doc, inbox = work.doc, work.inbox
-        if doc.state == "publishing" and doc.output_dir:
+        if doc.state == DocumentState.SPLIT:  # its parts are on their way: done when they all are
+            done = await self.splitter.complete(doc.id)
+            return Outcome(doc.id, Ending.PUBLISHED if done else Ending.SPLIT)
+        if doc.state == DocumentState.PUBLISHING and doc.output_dir:
             output_dir = Path(doc.output_dir)
             if await self.runtime.probe(
                 inbox.outbox, lambda: not work.staging.exists() and _published_by(output_dir, doc.id)
@@ -134,7 +152,7 @@ class DocumentStages:
             await self.check_still_ours(work)
             await self.runtime.probe(inbox.path, lambda: check_inbox_reachable(inbox))
             raise PermanentError("the claimed original disappeared from the inbox's .chandrad folder", stage="resume")
-        if doc.state == "queued" and doc.attempts == 0:
+        if doc.state == DocumentState.QUEUED and doc.attempts == 0 and doc.parent_id is None:
             # A crash between intake's claim and its duplicate check (or the check's move to
             # failed/) leaves a copy queued: check again, or the copy would be published twice.
             duplicate = await duplicate_of(self.runtime, doc, inbox)
@@ -207,6 +225,9 @@ class DocumentStages:
         stem = _output_stem(doc)
         engine = self.runtime.engine
         metadata = publish.document_metadata(doc.id, Path(doc.rel_path).name, inbox.name, engine.name, engine.model)
+        if doc.split_from:  # a part of a batch scan: where its pages come from
+            first, last = int(doc.split_from["first"]), int(doc.split_from["last"])
+            metadata |= {"source": doc.split_from["file"], "source_pages": list(range(first, last + 1))}
         outputs = [_page_output(page) for page in pages]
         dropped = _blank_pages(pages) if inbox.blank_pages == "drop" else ()
         try:
@@ -290,18 +311,7 @@ class DocumentStages:
         inbox = work.inbox
         if inbox.pdf_to is not None and "pdf" in inbox.formats and doc.output_dir:
             await self._place_pdf_copy(Path(doc.output_dir) / f"{_output_stem(doc)}.pdf", inbox.pdf_to)
-        if runtime.move_originals and doc.claimed_path is not None:
-            claimed = Path(doc.claimed_path)
-            if inbox.on_success == "delete":
-                await runtime.on_inbox(inbox.path, lambda: claimed.unlink(missing_ok=True))
-            else:
-                folder = inbox.archive if inbox.on_success == "archive" else inbox.path
-                assert folder is not None
-                if await runtime.on_inbox(inbox.path, claimed.exists):  # else moved before a crash: nothing left to do
-                    # A final_path in failed/ (named by a failure whose move never happened, failed/
-                    # unwritable, before this retry published the document) gives way to one here.
-                    target = await runtime.reserve_final_path(doc, folder, "publishing")
-                    await runtime.on_inbox(inbox.path, move_durably, claimed, target)
+        await settle_original(runtime, doc, inbox)
         # The deliveries (webhooks, hooks) are committed with the state, in one transaction.
         deliveries = await delivery.planned(runtime, doc, inbox, "published")
         await journal.call(journal.publish, doc.id, deliveries)

@@ -5,9 +5,8 @@ A separator is a page whose barcode says so, decoded with zxing-cpp (as paperles
 ``"patch-t"``, the PATCH T sheet as paperless prints it (a barcode reading ``PATCHT``; a bare
 Kodak patch pattern without it is not recognised), ``"barcode:TEXT"``, any 1-D or 2-D code
 reading exactly TEXT (paperless's ``CONSUMER_BARCODE_STRING``), or, with ``"blank"``, a blank page
-(``scan.blank``'s ink measure). Separator pages belong to no part.
-
-Not yet wired into the pipeline (issue 30): a part is not yet its own document.
+(``scan.blank``'s ink measure). Separator pages belong to no part. ``document/split.py`` makes
+each part a document of its own.
 """
 
 from __future__ import annotations

@@ -36,10 +36,14 @@ from chandrad.storage.schema import (
     STATES,
     UNFINISHED_STATES,
     DeliveryState,
+    Document,
     DocumentState,
     PageRecord,
     make_tables,
 )
+
+# Document and the states are the journal's vocabulary (schema.py); imported from here too.
+__all__ = ["STATES", "Delivery", "Document", "DocumentState", "Journal", "NewDelivery", "PrunedDocument", "storable"]
 
 log = structlog.get_logger("chandrad.storage.journal")
 
@@ -68,35 +72,6 @@ def storable(text: str) -> str:
     inbox forever. Those bytes are stored as visible ``\\xe9`` escapes instead; valid names are
     unchanged. ``Pipeline.recover`` finds a file again by comparing its stored form."""
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-@dataclass(frozen=True)
-class Document:
-    id: str
-    inbox: str
-    rel_path: str
-    claimed_path: str | None
-    sha256: str
-    size: int
-    mtime_ns: int
-    state: DocumentState
-    attempts: int
-    next_attempt_at: float
-    page_count: int | None
-    output_dir: str | None
-    final_path: str | None
-    error: dict[str, Any] | None
-    history: list[dict[str, Any]]
-    created_at: float
-    updated_at: float
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> Document:
-        values = dict(row)
-        values["error"] = json.loads(values["error"]) if values["error"] else None
-        values["history"] = json.loads(values["history"])
-        values["state"] = DocumentState(values["state"])
-        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -270,6 +245,32 @@ class Journal:
             (doc_id, inbox, rel_path, sha256, size, mtime_ns, now if created_at is None else created_at, now),
         )
         return self.get(doc_id)
+
+    def split(self, parent: Document, parts: Sequence[Document]) -> None:
+        """In one transaction: each of ``parts`` a queued document of its own (a part a crash left
+        adopted is only given its ``split_from``), and ``parent`` ``split``, waiting for them."""
+        now = self._clock()
+        rows = [
+            (part.id, part.inbox, storable(part.rel_path), part.claimed_path, part.sha256, part.size, part.mtime_ns,
+             parent.id, json.dumps(part.split_from), parent.created_at, now)
+            for part in parts
+        ]  # fmt: skip
+
+        def work(db: sqlite3.Connection) -> None:
+            db.executemany(
+                "INSERT INTO documents (id, inbox, rel_path, claimed_path, sha256, size, mtime_ns, state, parent_id, "
+                "split_from, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET parent_id = excluded.parent_id, split_from = excluded.split_from",
+                rows,
+            )
+            self._update(db, parent.id, DocumentState.SPLIT, {})
+
+        self._transaction(work)
+
+    def parts_of(self, parent_id: str) -> list[Document]:
+        """The documents a batch scan was split into, in page order."""
+        rows = self._execute("SELECT * FROM documents WHERE parent_id = ? ORDER BY id", (parent_id,)).fetchall()
+        return sorted((Document.from_row(row) for row in rows), key=lambda doc: (doc.split_from or {}).get("first", 0))
 
     def find(self, doc_id: str) -> Document | None:
         try:

@@ -11,13 +11,17 @@ from typing import Any
 
 
 class DocumentState(StrEnum):
-    """A document's life: settled → queued → preparing → inferring → publishing → published | failed."""
+    """A document's life: settled → queued → preparing → inferring → publishing → published | failed
+    (a batch scan: → split, until its parts are final, → published)."""
 
     SETTLED = "settled"
     QUEUED = "queued"
     PREPARING = "preparing"
     INFERRING = "inferring"
     PUBLISHING = "publishing"
+    # A batch scan whose parts are documents of their own now: it waits for them, then its
+    # original is archived (chandrad.document.split).
+    SPLIT = "split"
     PUBLISHED = "published"
     FAILED = "failed"
 
@@ -34,6 +38,44 @@ STATES = tuple(DocumentState)
 FINAL_STATES = (DocumentState.PUBLISHED, DocumentState.FAILED)
 UNFINISHED_STATES = tuple(state for state in STATES if state not in FINAL_STATES)
 DELIVERY_STATES = tuple(DeliveryState)
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    inbox: str
+    rel_path: str
+    claimed_path: str | None
+    sha256: str
+    size: int
+    mtime_ns: int
+    state: DocumentState
+    attempts: int
+    next_attempt_at: float
+    page_count: int | None
+    output_dir: str | None
+    final_path: str | None
+    error: dict[str, Any] | None
+    history: list[dict[str, Any]]
+    created_at: float
+    updated_at: float
+    # A part of a batch scan split at its separator sheets (chandrad.document.split): the stack it
+    # came from and its pages there, {"parent", "file", "first", "last"}; None for any other document.
+    split_from: dict[str, Any] | None = None
+
+    @property
+    def parent_id(self) -> str | None:
+        return str(self.split_from["parent"]) if self.split_from else None
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Document:
+        values = dict(row)
+        values.pop("parent_id", None)  # split_from's "parent", a column of its own for the index
+        values["split_from"] = json.loads(values["split_from"]) if values.get("split_from") else None
+        values["error"] = json.loads(values["error"]) if values["error"] else None
+        values["history"] = json.loads(values["history"])
+        values["state"] = DocumentState(values["state"])
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -87,7 +129,9 @@ CREATE TABLE IF NOT EXISTS documents (
     error TEXT,
     history TEXT NOT NULL DEFAULT '[]',
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    parent_id TEXT,
+    split_from TEXT
 );
 CREATE INDEX IF NOT EXISTS documents_sha ON documents (sha256);
 -- by state (counts, unfinished) and, within one, oldest first (due_queued: the retry loop's read);
@@ -178,10 +222,13 @@ def make_tables(db: sqlite3.Connection) -> None:
     under the write lock, so that no change between the fill and the triggers goes uncounted.
     Raises ``sqlite3.OperationalError`` when another process holds the write lock."""
     db.executescript(SCHEMA)
-    columns = {row[1] for row in db.execute("PRAGMA table_info(pages)")}
-    for column in ("text_lines", "scan"):  # added after the first release
-        if column not in columns:
-            db.execute(f"ALTER TABLE pages ADD COLUMN {column} TEXT")
+    # Columns added after the first release.
+    for table, added in (("pages", ("text_lines", "scan")), ("documents", ("parent_id", "split_from"))):
+        columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        for column in added:
+            if column not in columns:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+    db.execute("CREATE INDEX IF NOT EXISTS documents_parent ON documents (parent_id) WHERE parent_id IS NOT NULL")
     db.execute("BEGIN IMMEDIATE")
     try:
         if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'state_counts'").fetchone() is None:

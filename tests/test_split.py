@@ -1,0 +1,104 @@
+"""Batch scans split at their separator sheets (split_on): each part a document of its own through
+the whole daemon (real watchdog, SQLite, PDFium, zxing-cpp, tesseract engine), the separators
+nowhere, the stack's original archived once after every part is final; kill -9 mid-split and after
+resumes to exactly the same three documents, once each."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import img2pdf
+import pytest
+
+from tests.reliability.chaoslib import ChaosDaemon, chaos_env, wait_for
+from tests.test_separators import LETTERS, SHEETS, _scan
+
+PARTS = ["stack (part 1 of 3)", "stack (part 2 of 3)", "stack (part 3 of 3)"]
+
+
+def _stack_bytes(separator) -> bytes:
+    """Three letters of two pages each (the letter's scan, then c02-22), a separator between them:
+    pages 1-2, [3], 4-5, [6], 7-8."""
+    frames = []
+    for index, name in enumerate(LETTERS):
+        if index:
+            frames.append(separator)
+        frames += [_scan(name), _scan("c02-22.pdf")]
+    encoded = []
+    for frame in frames:
+        buffer = io.BytesIO()
+        frame.save(buffer, "PNG", dpi=(192, 192))
+        encoded.append(buffer.getvalue())
+    return img2pdf.convert(encoded)
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[list[ChaosDaemon]]:
+    made: list[ChaosDaemon] = []
+    yield made
+    for daemon in made:
+        daemon.sampler.stop()
+        if daemon.alive:
+            daemon.kill9()
+
+
+def _daemon(tmp_path: Path, made: list[ChaosDaemon], spec: str) -> ChaosDaemon:
+    daemon = ChaosDaemon(tmp_path / "tree", env=chaos_env(tmp_path / "chaos.log"),
+                         extra_config="max_documents_in_flight = 2\n",
+                         inbox_config=f'split_on = ["{spec}"]\nrotate_pages = false\n')
+    made.append(daemon)
+    return daemon
+
+
+def _settled(daemon: ChaosDaemon) -> bool:
+    return daemon.final_count() == 4 and not daemon.leftovers()
+
+
+def _check_three_letters(daemon: ChaosDaemon) -> None:
+    folders = sorted(path.name for path in daemon.outbox.iterdir() if not path.name.startswith("."))
+    assert folders == PARTS, folders
+    for number, (folder, pages) in enumerate(zip(PARTS, ([1, 2], [4, 5], [7, 8]), strict=True), start=1):
+        document = json.loads((daemon.outbox / folder / f"{folder}.json").read_text())
+        assert document["source"] == "stack.pdf" and document["source_pages"] == pages
+        assert document["num_pages"] == 2
+        markdown = (daemon.outbox / folder / f"{folder}.md").read_text().lower()
+        assert "tip-toeing" in markdown, f"part {number} holds its letter's second page"
+    assert sorted(path.name for path in daemon.archive.rglob("*") if path.is_file()) == ["stack.pdf"]
+    assert not [path for path in daemon.failed.rglob("*") if path.is_file()]
+    states = {row["rel_path"]: row["state"] for row in daemon.journal_rows("SELECT rel_path, state FROM documents")}
+    assert states == {"stack.pdf": "published", **{f"{part}.pdf": "published" for part in PARTS}}
+
+
+@pytest.mark.parametrize("spec", list(SHEETS))
+def test_a_stack_with_separator_sheets_becomes_one_published_document_per_letter(tmp_path, daemons, spec):
+    daemon = _daemon(tmp_path, daemons, spec).start()
+    (daemon.inbox / "stack.pdf").write_bytes(_stack_bytes(SHEETS[spec]()))
+    wait_for(lambda: _settled(daemon), 240, "the stack's three letters published and the stack archived")
+    assert daemon.stop() == 0
+    _check_three_letters(daemon)
+    assert any(e.get("event") == "batch scan split at its separator sheets" and e.get("separators") == [3, 6]
+               for e in daemon.events())
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "replace:(part 2 of 3).pdf:after:1",  # two parts written, the split not yet journaled
+        "rename:stack (part 1 of 3):after:1",  # the first letter's outputs in the outbox, not yet final
+        "rename:archive/stack.pdf:before:1",  # every letter final, the stack's original not yet archived
+    ],
+)
+def test_kill_9_mid_split_resumes_to_exactly_three_letters_once_each(tmp_path, daemons, point):
+    daemon = _daemon(tmp_path, daemons, "patch-t")
+    daemon.inbox.mkdir(parents=True, exist_ok=True)
+    (daemon.inbox / "stack.pdf").write_bytes(_stack_bytes(SHEETS["patch-t"]()))
+    daemon.start(env={"CHAOS_KILL": point}, wait=False)
+    assert daemon.wait_dead(240) == -9, "the injected kill must fire"
+    assert (tmp_path / "chaos.log").read_text().strip(), f"chaos point {point} was not reached"
+    daemon.start(env={"CHAOS_KILL": ""})
+    wait_for(lambda: _settled(daemon), 240, "recovery after the kill")
+    assert daemon.stop() == 0
+    _check_three_letters(daemon)
