@@ -41,9 +41,9 @@ SHEETS = {
 }
 
 
-def _stack(tmp_path, separator: Image.Image):
-    """Three letters (two pages each: the scan, then c02-22 as its second page) with the separator
-    between them: pages 1-2, [3], 4-5, [6], 7-8."""
+def stack_bytes(separator: Image.Image) -> bytes:
+    """Three letters (two pages each: the letter's scan, then c02-22 as its second page) with the
+    separator between them, as one image PDF: pages 1-2, [3], 4-5, [6], 7-8."""
     frames = []
     for index, name in enumerate(LETTERS):
         if index:
@@ -54,8 +54,12 @@ def _stack(tmp_path, separator: Image.Image):
         buffer = io.BytesIO()
         frame.save(buffer, "PNG", dpi=(192, 192))
         encoded.append(buffer.getvalue())
+    return img2pdf.convert(encoded)
+
+
+def _stack(tmp_path, separator: Image.Image):
     path = tmp_path / "stack.pdf"
-    path.write_bytes(img2pdf.convert(encoded))
+    path.write_bytes(stack_bytes(separator))
     return path
 
 

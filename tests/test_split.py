@@ -5,34 +5,16 @@ resumes to exactly the same three documents, once each."""
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import img2pdf
 import pytest
 
 from tests.reliability.chaoslib import ChaosDaemon, chaos_env, wait_for
-from tests.test_separators import LETTERS, SHEETS, _scan
+from tests.test_separators import SHEETS, stack_bytes
 
 PARTS = ["stack (part 1 of 3)", "stack (part 2 of 3)", "stack (part 3 of 3)"]
-
-
-def _stack_bytes(separator) -> bytes:
-    """Three letters of two pages each (the letter's scan, then c02-22), a separator between them:
-    pages 1-2, [3], 4-5, [6], 7-8."""
-    frames = []
-    for index, name in enumerate(LETTERS):
-        if index:
-            frames.append(separator)
-        frames += [_scan(name), _scan("c02-22.pdf")]
-    encoded = []
-    for frame in frames:
-        buffer = io.BytesIO()
-        frame.save(buffer, "PNG", dpi=(192, 192))
-        encoded.append(buffer.getvalue())
-    return img2pdf.convert(encoded)
 
 
 @pytest.fixture
@@ -75,7 +57,7 @@ def _check_three_letters(daemon: ChaosDaemon) -> None:
 @pytest.mark.parametrize("spec", list(SHEETS))
 def test_a_stack_with_separator_sheets_becomes_one_published_document_per_letter(tmp_path, daemons, spec):
     daemon = _daemon(tmp_path, daemons, spec).start()
-    (daemon.inbox / "stack.pdf").write_bytes(_stack_bytes(SHEETS[spec]()))
+    (daemon.inbox / "stack.pdf").write_bytes(stack_bytes(SHEETS[spec]()))
     wait_for(lambda: _settled(daemon), 240, "the stack's three letters published and the stack archived")
     assert daemon.stop() == 0
     _check_three_letters(daemon)
@@ -94,7 +76,7 @@ def test_a_stack_with_separator_sheets_becomes_one_published_document_per_letter
 def test_kill_9_mid_split_resumes_to_exactly_three_letters_once_each(tmp_path, daemons, point):
     daemon = _daemon(tmp_path, daemons, "patch-t")
     daemon.inbox.mkdir(parents=True, exist_ok=True)
-    (daemon.inbox / "stack.pdf").write_bytes(_stack_bytes(SHEETS["patch-t"]()))
+    (daemon.inbox / "stack.pdf").write_bytes(stack_bytes(SHEETS["patch-t"]()))
     daemon.start(env={"CHAOS_KILL": point}, wait=False)
     assert daemon.wait_dead(240) == -9, "the injected kill must fire"
     assert (tmp_path / "chaos.log").read_text().strip(), f"chaos point {point} was not reached"
