@@ -84,3 +84,25 @@ def test_kill_9_mid_split_resumes_to_exactly_three_letters_once_each(tmp_path, d
     wait_for(lambda: _settled(daemon), 240, "recovery after the kill")
     assert daemon.stop() == 0
     _check_three_letters(daemon)
+
+
+def test_a_multi_page_tiff_stack_is_split_like_a_pdf(tmp_path, daemons):
+    """A scanner that writes TIFF: the frames between the separators become each part's PDF."""
+    from tests.test_separators import LETTERS, _scan
+
+    frames = []
+    for index, name in enumerate(LETTERS):
+        if index:
+            frames.append(SHEETS["barcode:NEXT-LETTER"]())
+        frames += [_scan(name), _scan("c02-22.pdf")]
+    daemon = _daemon(tmp_path, daemons, "barcode:NEXT-LETTER").start()
+    staged = tmp_path / "stack.tiff"
+    frames[0].save(staged, save_all=True, append_images=frames[1:], compression="tiff_lzw", dpi=(192, 192))
+    staged.rename(daemon.inbox / "stack.tiff")
+    wait_for(lambda: _settled(daemon), 240, "the TIFF stack's three letters published")
+    assert daemon.stop() == 0
+    for folder, pages in zip(PARTS, ([1, 2], [4, 5], [7, 8]), strict=True):
+        document = json.loads((daemon.outbox / folder / f"{folder}.json").read_text())
+        assert document["source"] == "stack.tiff" and document["source_pages"] == pages
+        assert "tip-toeing" in (daemon.outbox / folder / f"{folder}.md").read_text().lower()
+    assert sorted(path.name for path in daemon.archive.rglob("*") if path.is_file()) == ["stack.tiff"]

@@ -28,6 +28,7 @@ from chandrad import prepare
 from chandrad.config import InboxSettings, PrepareSettings
 from chandrad.document.archive import settle_original
 from chandrad.errors import PermanentError
+from chandrad.pdf.images import image_document
 from chandrad.runtime import Ending, Outcome, Runtime
 from chandrad.scan.separators import SplitRule, parts, separator_kind
 from chandrad.storage import folders
@@ -58,9 +59,12 @@ def part_name(rel_path: str, number: int, count: int) -> str:
     return str(path.with_name(f"{path.stem} (part {number} of {count}).pdf"))
 
 
-def part_bytes(source: Path, password: str | None, first: int, last: int) -> bytes:
-    """Pages ``first``..``last`` of ``source`` as a PDF of their own, their objects as they are."""
-    with pikepdf.open(source, password=password or "") as pdf, pikepdf.new() as part:
+def part_bytes(source: Path, doc_type: str, password: str | None, first: int, last: int) -> bytes:
+    """Pages ``first``..``last`` of ``source`` as a PDF of their own: a PDF's page objects as they
+    are; an image's frames (a multi-page TIFF stack) as the searchable PDF embeds them, each as its
+    own bytes where PDF can hold them (``pdf.images``)."""
+    opened = image_document(source) if doc_type == "image" else pikepdf.open(source, password=password or "")
+    with opened as pdf, pikepdf.new() as part:
         for index in range(first - 1, last):
             part.pages.append(pdf.pages[index])
         buffer = io.BytesIO()
@@ -82,7 +86,7 @@ class Splitter:
     async def split(self, doc: Document, inbox: InboxSettings, prepared: prepare.PreparedDocument) -> Outcome | None:
         """Cut ``doc`` at its separator sheets into parts queued as documents of their own; None when
         it has none (it goes on as one document)."""
-        if not inbox.split_on or doc.parent_id is not None or prepared.doc_type != "pdf":
+        if not inbox.split_on or doc.parent_id is not None or prepared.page_count < 2:
             return None
         rule = SplitRule.parse(inbox.split_on)
         runtime = self.runtime
@@ -106,7 +110,9 @@ class Splitter:
             part_id = f"{doc.id}-{number}"
             rel_path = part_name(doc.rel_path, number, len(ranges))
             claimed = folders.claimed_path(inbox.path, runtime.host_id, part_id, Path(rel_path))
-            data = await asyncio.to_thread(part_bytes, prepared.source, prepared.password, first, last)
+            data = await asyncio.to_thread(
+                part_bytes, prepared.source, prepared.doc_type, prepared.password, first, last
+            )
             await runtime.on_inbox(inbox.path, write_part, claimed, data)
             made.append(
                 dataclasses.replace(
