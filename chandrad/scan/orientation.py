@@ -19,6 +19,7 @@ from PIL import Image
 
 from chandrad.config import PrepareSettings
 from chandrad.errors import DocumentError
+from chandrad.scan.blank import BLANK_INK, ink_share
 from chandrad.tools import run_tool
 
 # Tesseract's OSD reads character shapes: larger costs time without changing its answer (a
@@ -75,6 +76,9 @@ def detect_orientation(image: Image.Image, dpi: float, settings: PrepareSettings
     Never raises for the page's sake: a page tesseract cannot judge, or a tesseract that failed,
     leaves the page as it is, and ``note`` says why."""
     copy = image.convert("L") if image.mode not in ("L", "1") else image
+    if ink_share(copy) < BLANK_INK:
+        # A blank back has nothing to judge by: tesseract would spend ~0.1 s to say "too few characters".
+        return Orientation(note="blank page: nothing to judge")
     scale = min(1.0, OSD_MAX_SIDE / max(copy.size))
     if scale < 1.0:
         copy = copy.resize(
