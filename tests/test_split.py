@@ -106,3 +106,30 @@ def test_a_multi_page_tiff_stack_is_split_like_a_pdf(tmp_path, daemons):
         assert document["source"] == "stack.tiff" and document["source_pages"] == pages
         assert "tip-toeing" in (daemon.outbox / folder / f"{folder}.md").read_text().lower()
     assert sorted(path.name for path in daemon.archive.rglob("*") if path.is_file()) == ["stack.tiff"]
+
+
+def test_an_archive_that_cannot_be_written_when_the_stack_is_done_retries_the_stack_and_the_daemon_goes_on(
+    tmp_path, daemons
+):
+    """The stack's original is archived by the worker of its last part: a failing move goes through
+    the handling every document gets (retried with backoff), not out of the worker."""
+    daemon = ChaosDaemon(tmp_path / "tree", env=chaos_env(tmp_path / "chaos.log"),
+                         extra_config="max_documents_in_flight = 2\nmax_attempts = 50\n",
+                         inbox_config='split_on = ["patch-t"]\nrotate_pages = false\n')
+    daemons.append(daemon)
+    daemon.start()
+    daemon.archive.rmdir()
+    daemon.archive.write_text("not a folder")  # every move into it fails (root ignores permissions)
+    (daemon.inbox / "stack.pdf").write_bytes(stack_bytes(SHEETS["patch-t"]()))
+    wait_for(lambda: daemon.count_rows("parent_id IS NOT NULL AND state = 'published'") == 3, 240,
+             "the three letters published")
+    wait_for(lambda: any(e.get("event") == "unexpected error while processing" and e.get("doc") == daemon.journal_rows(
+        "SELECT id FROM documents WHERE parent_id IS NULL")[0]["id"] for e in daemon.events()), 60,
+        "the stack's archive move to fail")
+    assert daemon.alive
+    assert daemon.count_rows("parent_id IS NULL AND state IN ('published', 'failed')") == 0
+    daemon.archive.unlink()
+    daemon.archive.mkdir()
+    wait_for(lambda: _settled(daemon), 120, "the stack archived once the archive is back")
+    assert daemon.stop() == 0
+    _check_three_letters(daemon)

@@ -74,7 +74,12 @@ class DocumentStages:
         doc = await journal.call(journal.get, doc_id)
         outcome = await self._run(doc)
         if doc.parent_id is not None and outcome.state in (Ending.PUBLISHED, Ending.FAILED):
-            await self.splitter.complete(doc.parent_id)
+            # Its stack's turn (archived once every part is final), through the same handling of
+            # errors as any document: an archive that cannot be written fails or retries the stack,
+            # it does not end this worker.
+            stack = await journal.call(journal.find, doc.parent_id)
+            if stack is not None and stack.state == DocumentState.SPLIT:
+                await self._run(stack)
         return outcome
 
     async def _run(self, doc: Document) -> Outcome:
