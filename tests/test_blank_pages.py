@@ -106,8 +106,9 @@ def test_the_ink_measure_tells_a_blank_back_from_one_line_of_text():
                                   font=ImageFont.load_default(size=32))
     assert ink_share(back) < BLANK_INK <= ink_share(one_line)
     sparse = pdfium.PdfDocument(str(corpus_file("multi-page-digital.pdf")))[0].render(scale=192 / 72).to_pil()
-    assert not judge_blank("", sparse, "tesseract").blank, "one line of text is not a blank page"
-    assert judge_blank("", pdfium.PdfDocument(str(corpus_file("blank.pdf")))[0].render().to_pil(), "tesseract").blank
+    assert not judge_blank("", ink_share(sparse), "tesseract").blank, "one line of text is not a blank page"
+    blank = pdfium.PdfDocument(str(corpus_file("blank.pdf")))[0].render().to_pil()
+    assert judge_blank("", ink_share(blank), "tesseract").blank
 
 
 def test_chandra_says_blank_with_its_blank_page_label():
@@ -118,5 +119,6 @@ def test_chandra_says_blank_with_its_blank_page_label():
                                 '<div data-bbox="10 10 900 80" data-label="Text"><p>Hi</p></div>')
     assert not model_says_blank("")
     text_page = _front("linn.pdf")
-    assert judge_blank('<div data-bbox="0 0 1000 1000" data-label="Blank-Page"></div>', text_page, "vllm").blank
-    assert not judge_blank('<div data-label="Text"><p>x</p></div>', blank_back(1), "vllm").blank
+    blank_label = '<div data-bbox="0 0 1000 1000" data-label="Blank-Page"></div>'
+    assert judge_blank(blank_label, ink_share(text_page), "vllm").blank
+    assert not judge_blank('<div data-label="Text"><p>x</p></div>', ink_share(blank_back(1)), "vllm").blank

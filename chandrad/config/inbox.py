@@ -4,6 +4,7 @@ globs they match with)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,10 +36,24 @@ def name_matches(pattern: str, name: str, *, case: bool = False) -> bool:
     return bool(wcfnmatch.fnmatch(name, pattern, flags=flags))
 
 
-def _checked_split_on(split_on: tuple[str, ...]) -> tuple[str, ...]:
+def split_specs(split_on: Iterable[str]) -> tuple[bool, tuple[str, ...], bool]:
+    """``split_on``'s grammar, in one place: (PATCH T, the barcode texts, blank); ValueError names a
+    spec it cannot read (``scan.separators.SplitRule`` is made from it)."""
+    patch_t, blank, texts = False, False, []
     for spec in split_on:
-        if spec not in ("patch-t", "blank") and not (spec.startswith("barcode:") and len(spec) > len("barcode:")):
+        if spec == "patch-t":
+            patch_t = True
+        elif spec == "blank":
+            blank = True
+        elif spec.startswith("barcode:") and spec[len("barcode:") :]:
+            texts.append(spec[len("barcode:") :])
+        else:
             raise ValueError(f'split_on {spec!r}: use "patch-t", "blank" or "barcode:TEXT"')
+    return patch_t, tuple(texts), blank
+
+
+def _checked_split_on(split_on: tuple[str, ...]) -> tuple[str, ...]:
+    split_specs(split_on)
     return split_on
 
 
@@ -87,22 +102,8 @@ class InboxRule(StrictModel):
         return formats
 
     def overrides(self) -> dict[str, Any]:
-        """The inbox keys this rule sets."""
-        keys = (
-            "prompt_type",
-            "formats",
-            "on_success",
-            "date_prefix",
-            "duplicates",
-            "webhooks",
-            "hooks",
-            "rotate_pages",
-            "rotate_pdf_pages",
-            "blank_pages",
-            "drop_blank_pdf_pages",
-            "ocr_mode",
-            "split_on",
-        )
+        """The inbox keys this rule sets: every key but ``match`` is one of the inbox's."""
+        keys = (key for key in type(self).model_fields if key != "match")
         return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
 
 

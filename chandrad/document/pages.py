@@ -17,13 +17,13 @@ import structlog
 from structlog.contextvars import bound_contextvars
 
 from chandrad import prepare
-from chandrad.config import InboxSettings
+from chandrad.config import InboxSettings, PrepareSettings
 from chandrad.engine.base import PageRequest
 from chandrad.errors import DocumentError, InboxUnreachableError, PermanentError, TransientError
 from chandrad.output import publish
 from chandrad.pdf.lines import PageLines, page_text_lines
 from chandrad.runtime import Runtime
-from chandrad.scan.blank import Blankness, judge_blank
+from chandrad.scan.blank import Blankness, ink_share, judge_blank
 from chandrad.scan.digital import PDF_TEXT_ENGINE, PageText, text_page_html
 from chandrad.scan.orientation import Orientation, detect_orientation, turned_upright
 from chandrad.storage.folders import inbox_reachable
@@ -57,16 +57,25 @@ def _first_document_error(group: BaseExceptionGroup[BaseException]) -> BaseExcep
 
 
 def _page_files(
-    html: str, page: prepare.PageImage, images_dir: Path, inbox: InboxSettings, engine: str
+    html: str, page: prepare.PageImage, images_dir: Path, inbox: InboxSettings, engine: str, ink: float
 ) -> tuple[publish.RenderedPage, PageLines | None, Blankness]:
     """What is kept of a page once its image is gone (one thread hop): its figures cropped into
     staging, its chunks, for a searchable PDF where its lines and words are on the image, and
-    whether it is blank."""
+    whether it is blank (the model's label parsed here, off the loop; ``ink`` measured before)."""
     rendered = publish.save_page_images(html, page.image, images_dir, page.page_no)
-    blankness = judge_blank(html, page.image, engine)
+    blankness = judge_blank(html, ink, engine)
     if "pdf" not in inbox.formats:
         return rendered, None, blankness
     return rendered, page_text_lines(page.image, rendered.chunks, html, words=inbox.pdf_word_boxes), blankness
+
+
+def _look_at(page: prepare.PageImage, inbox: InboxSettings, settings: PrepareSettings) -> tuple[float, Orientation]:
+    """A page before it is read (one thread hop): its ink (``scan.blank``), measured once for both
+    the blank-page judgement and orientation, and which way it is up (``rotate_pages``)."""
+    ink = ink_share(page.image)
+    if not inbox.rotate_pages:
+        return ink, Orientation(note="rotate_pages is off")
+    return ink, detect_orientation(page.image, page.dpi, settings, ink)
 
 
 class PageReader:
@@ -143,7 +152,7 @@ class PageReader:
         engine, journal, settings = self.runtime.engine, self.runtime.journal, self.runtime.settings
         timeout = settings.engine.page_timeout_seconds
         with bound_contextvars(page=page.page_no):
-            orientation = await self._orientation(page, inbox)
+            ink, orientation = await self._look_at(page, inbox)
             if orientation.turned:
                 page = dataclasses.replace(page, image=turned_upright(page.image, orientation))
             request = PageRequest(doc.id, page.page_no, page.image, inbox.prompt_type)
@@ -158,7 +167,7 @@ class PageReader:
                     f"page {page.page_no}: the engine did not answer within {timeout:.0f} s", stage="engine"
                 ) from None
             rendered, text_lines, blankness = await asyncio.to_thread(
-                _page_files, result.html, page, staging / "images", inbox, engine.name
+                _page_files, result.html, page, staging / "images", inbox, engine.name, ink
             )
             await journal.call(
                 journal.record_page,
@@ -196,19 +205,15 @@ class PageReader:
                 **({"turned": orientation.turn} if orientation.turned else {}),
             )
 
-    async def _orientation(self, page: prepare.PageImage, inbox: InboxSettings) -> Orientation:
-        """Which way the page is up (``rotate_pages``), judged a core at a time beside the engine."""
-        if not inbox.rotate_pages:
-            return Orientation(note="rotate_pages is off")
+    async def _look_at(self, page: prepare.PageImage, inbox: InboxSettings) -> tuple[float, Orientation]:
+        """The page's ink and which way it is up, judged a core at a time beside the engine."""
         async with self.runtime.scan_slots:
-            orientation = await asyncio.to_thread(
-                detect_orientation, page.image, page.dpi, self.runtime.settings.prepare
-            )
+            ink, orientation = await asyncio.to_thread(_look_at, page, inbox, self.runtime.settings.prepare)
         if orientation.turned:
             log.info("page turned upright", turn=orientation.turn, confidence=orientation.confidence)
         elif orientation.note.startswith("orientation not detected"):
             log.warning("page orientation not detected; read as it is", reason=orientation.note)
-        return orientation
+        return ink, orientation
 
     async def _record_own_text(self, doc: Document, page_no: int, text: PageText, dpi: float) -> None:
         """A page that keeps its own text (ocr_mode): its text as the page's result, no engine."""

@@ -149,11 +149,7 @@ def render_document(
                     "page": page.page_no,
                     "page_box": [0, 0, page.width, page.height],
                     **({"error": page.error} if page.error else {}),
-                    **{
-                        key: page.scan[key]
-                        for key in ("path", "orientation", "blank")
-                        if page.scan and key in page.scan
-                    },
+                    **{key: page.scan[key] for key in SCAN_KEYS if page.scan and key in page.scan},
                     **page.stats,
                     "chunks": [
                         {**chunk, "content": _point_images_into_folder(chunk["content"], page.image_names)}

@@ -165,10 +165,11 @@ def build_searchable_pdf(
                 report.words += words
         # Blank pages go last, after every page was matched with its layer; never every page (a PDF
         # has at least one).
-        if drop_pages and len(set(drop_pages)) < len(pdf.pages):
-            for number in sorted(set(drop_pages), reverse=True):
+        dropping = sorted(set(drop_pages))
+        if dropping and len(dropping) < len(pdf.pages):
+            for number in reversed(dropping):
                 del pdf.pages[number - 1]
-            report.dropped_pages = sorted(set(drop_pages))
+            report.dropped_pages = dropping
         if pdfa:
             report.pdfa_blockers = pdfa_blockers(pdf)
             if not report.pdfa_blockers:

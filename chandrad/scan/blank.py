@@ -60,9 +60,9 @@ def model_says_blank(html: str) -> bool:
     return bool(labels) and all(label == BLANK_LABEL for label in labels)
 
 
-def judge_blank(html: str, image: Image.Image, engine: str) -> Blankness:
-    """The page's blankness as its engine can tell it: Chandra's label, or (tesseract) the ink."""
-    ink = ink_share(image)
+def judge_blank(html: str, ink: float, engine: str) -> Blankness:
+    """The page's blankness as its engine can tell it: Chandra's label, or (tesseract) its ink
+    (``ink_share`` of the page as it was rendered)."""
     if engine == "tesseract":
         return Blankness(ink < BLANK_INK, "ink", ink)
     return Blankness(model_says_blank(html), "model", ink)

@@ -62,21 +62,16 @@ class Orientation:
             entry["note"] = self.note
         return entry
 
-    @classmethod
-    def from_json(cls, entry: dict[str, Any] | None) -> Orientation:
-        if not entry:
-            return cls()
-        return cls(
-            int(entry.get("angle", 0)), entry.get("confidence"), bool(entry.get("turned")), entry.get("note", "")
-        )
 
-
-def detect_orientation(image: Image.Image, dpi: float, settings: PrepareSettings) -> Orientation:
-    """Ask tesseract which way ``image`` is up. Blocking (a child process): run it in a thread.
-    Never raises for the page's sake: a page tesseract cannot judge, or a tesseract that failed,
-    leaves the page as it is, and ``note`` says why."""
+def detect_orientation(
+    image: Image.Image, dpi: float, settings: PrepareSettings, ink: float | None = None
+) -> Orientation:
+    """Ask tesseract which way ``image`` is up (``ink``: its ``ink_share``, when measured already).
+    Blocking (a child process): run it in a thread. Never raises for the page's sake: a page
+    tesseract cannot judge, or a tesseract that failed, leaves the page as it is, and ``note``
+    says why."""
     copy = image.convert("L") if image.mode not in ("L", "1") else image
-    if ink_share(copy) < BLANK_INK:
+    if (ink_share(copy) if ink is None else ink) < BLANK_INK:
         # A blank back has nothing to judge by: tesseract would spend ~0.1 s to say "too few characters".
         return Orientation(note="blank page: nothing to judge")
     scale = min(1.0, OSD_MAX_SIDE / max(copy.size))

@@ -18,6 +18,7 @@ from typing import Literal
 import zxingcpp
 from PIL import Image
 
+from chandrad.config.inbox import split_specs
 from chandrad.scan.blank import BLANK_INK, ink_share
 
 PATCH_T_TEXTS = ("PATCHT", "PATCH T", "PATCH-T")
@@ -36,17 +37,7 @@ class SplitRule:
     @classmethod
     def parse(cls, specs: Iterable[str]) -> SplitRule:
         """``["patch-t", "barcode:NEXT", "blank"]`` → a rule; ValueError names a spec it cannot read."""
-        patch_t, blank, texts = False, False, []
-        for spec in specs:
-            if spec == "patch-t":
-                patch_t = True
-            elif spec == "blank":
-                blank = True
-            elif spec.startswith("barcode:") and spec[len("barcode:") :]:
-                texts.append(spec[len("barcode:") :])
-            else:
-                raise ValueError(f'split_on {spec!r}: use "patch-t", "blank" or "barcode:TEXT"')
-        return cls(patch_t, tuple(texts), blank)
+        return cls(*split_specs(specs))
 
     @property
     def wanted(self) -> bool:
