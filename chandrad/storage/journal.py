@@ -269,7 +269,7 @@ class Journal:
 
     def parts_of(self, parent_id: str) -> list[Document]:
         """The documents a batch scan was split into, in page order."""
-        rows = self._execute("SELECT * FROM documents WHERE parent_id = ? ORDER BY id", (parent_id,)).fetchall()
+        rows = self._execute("SELECT * FROM documents WHERE parent_id = ?", (parent_id,)).fetchall()
         return sorted((Document.from_row(row) for row in rows), key=lambda doc: (doc.split_from or {}).get("first", 0))
 
     def find(self, doc_id: str) -> Document | None:
