@@ -9,7 +9,8 @@ purpose="${1:-run}"
 venv="${VENV:-.venv}"
 python="${PYTHON:-python3}"
 
-# tesseract-ocr-osd: orientation detection (chandrad.scan.orientation), for every engine.
+# tesseract-ocr-osd: orientation detection (chandrad.scan.orientation), for every engine; the
+# Leptonica library its quick check calls (chandrad.scan.leptonica) comes with tesseract-ocr.
 apt_packages=(ghostscript poppler-utils tesseract-ocr tesseract-ocr-eng tesseract-ocr-osd)
 if [[ "$purpose" == test ]]; then
     # systemd-analyze verifies the units; smbd + smbclient serve the network-share tests.

@@ -17,6 +17,7 @@ import pypdfium2 as pdfium
 import pytest
 from PIL import Image
 
+from chandrad import prepare
 from chandrad.config import PrepareSettings
 from chandrad.scan.orientation import Orientation, detect_orientation, turned_upright
 from tests.conftest import corpus_file, once_with_tesseract
@@ -128,9 +129,10 @@ def _page_image(name: str) -> Image.Image:
 SCANS = ["linn.pdf", "typewriter.png", "c02-22.pdf", "cardinal.pdf"]
 
 
+@pytest.mark.parametrize("quick_check", [True, False], ids=["leptonica-first", "tesseract-only"])
 @pytest.mark.parametrize("name", SCANS)
-def test_a_turned_scan_is_detected_and_an_upright_one_never_turned(name):
-    settings = PrepareSettings()
+def test_a_turned_scan_is_detected_and_an_upright_one_never_turned(name, quick_check):
+    settings = PrepareSettings(orientation_quick_check=quick_check)
     upright = _page_image(name)
     for angle in (0, 90, 180, 270):
         # PIL turns counter-clockwise: a page turned that way needs ``angle`` clockwise to be upright.
@@ -142,9 +144,10 @@ def test_a_turned_scan_is_detected_and_an_upright_one_never_turned(name):
             assert turned_upright(upright.rotate(angle, expand=True), orientation).size == upright.size
 
 
+@pytest.mark.parametrize("quick_check", [True, False], ids=["leptonica-first", "tesseract-only"])
 @pytest.mark.parametrize("name", ["blank.pdf", "lichtenstein.pdf"])
-def test_a_blank_or_sparse_page_stays_as_it_is(name):
-    settings = PrepareSettings()
+def test_a_blank_or_sparse_page_stays_as_it_is(name, quick_check):
+    settings = PrepareSettings(orientation_quick_check=quick_check)
     for angle in (0, 90, 180, 270):
         orientation = detect_orientation(_page_image(name).rotate(angle, expand=True), 192, settings)
         assert not orientation.turned, (angle, orientation)
@@ -153,8 +156,26 @@ def test_a_blank_or_sparse_page_stays_as_it_is(name):
 
 def test_without_tesseract_a_page_is_read_as_it_is(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    orientation = detect_orientation(_page_image("linn.pdf"), 192, PrepareSettings())
+    settings = PrepareSettings(orientation_quick_check=False)
+    orientation = detect_orientation(_page_image("linn.pdf").rotate(90, expand=True), 192, settings)
     assert orientation == Orientation(note=orientation.note) and "not installed" in orientation.note
+
+
+def test_leptonica_turns_a_page_of_text_without_asking_tesseract(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")  # a tesseract run would fail: "not installed"
+    for angle in (0, 90, 180, 270):
+        orientation = detect_orientation(_page_image("linn.pdf").rotate(angle, expand=True), 192, PrepareSettings())
+        assert orientation.method == "leptonica" and orientation.angle == angle, (angle, orientation)
+        assert orientation.turned == (angle != 0)
+
+
+def test_a_page_leptonica_cannot_decide_goes_to_tesseract():
+    # baiona's Spanish print, as prepare renders it (640 px without a resolution, scaled up),
+    # leaves Leptonica undecided at every turn (bench/orientation.py); tesseract still turns it.
+    settings = PrepareSettings()
+    page = prepare.render_image_page(corpus_file("baiona.png"), 1, settings)
+    orientation = detect_orientation(page.image.rotate(90, expand=True), page.dpi, settings)
+    assert orientation.method == "tesseract" and orientation.turned and orientation.angle == 90, orientation
 
 
 def _turned_inputs(folder: Path, name: str) -> list[Path]:

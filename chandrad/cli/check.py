@@ -17,6 +17,7 @@ from chandrad.cli.common import EXIT_FAILED, config_option, hf_home_option, load
 from chandrad.config import Settings, prepare_folders
 from chandrad.engine import create_engine, cuda_gpu_visible
 from chandrad.errors import ConfigError, DocumentError
+from chandrad.scan import leptonica
 
 
 @click.command()
@@ -46,6 +47,11 @@ def check(config_path: Path | None, hf_home: Path | None) -> None:
         output = subprocess.run([path, *args], capture_output=True, text=True, timeout=30)
         report(True, tool, (output.stdout + output.stderr).strip().splitlines()[0])
     report(*_check_pdf_renderer(settings))
+    report(
+        True,
+        "leptonica",
+        "loaded (orientation's quick check)" if leptonica.available() else "not found (tesseract judges every page)",
+    )
     report(True, "GPU", "visible" if cuda_gpu_visible() else "none visible (engine auto → tesseract)")
     try:
         engine = create_engine(settings.engine, settings.state_dir)

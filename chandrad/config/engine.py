@@ -148,3 +148,7 @@ class PrepareSettings(StrictModel):
     # corpus (bench/orientation.py) a right answer scored 10.7 or more and a wrong one 1.8 or
     # less, so 14 would leave sideways pages sideways: see docs/scanners.md.
     orientation_min_confidence: float = Field(default=5.0, ge=0)
+    # Leptonica's text-line test judges a page first (~20 ms); tesseract only the pages it cannot
+    # decide. It counts ascenders against descenders: with text in scripts that have neither
+    # (CJK, Devanagari's headline-hung letters...), turn it off and let tesseract judge every page.
+    orientation_quick_check: bool = True
