@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -64,7 +65,7 @@ def wait_for(predicate: Any, seconds: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def one_run(src: Path, pdfs: list[Path], root: Path, documents: int) -> dict[str, Any]:
+def one_run(src: Path, pdfs: list[Path], root: Path, documents: int, spy: str | None = None) -> dict[str, Any]:
     inbox, state, log_path, config = root / "inbox", root / "state", root / "daemon.log", root / "config.toml"
     inbox.mkdir(parents=True)
     config.write_text(
@@ -86,12 +87,23 @@ def one_run(src: Path, pdfs: list[Path], root: Path, documents: int) -> dict[str
         staged = [root / p.name for p in pdfs]
         for source, target in zip(pdfs, staged, strict=True):
             target.write_bytes(source.read_bytes())
+        # py-spy, when given: stacks of the threads holding the GIL (one process runs the loop,
+        # intake's threads and, on a GPU host, vLLM's input processing: what they contend for).
+        profiler = None
+        if spy:
+            profiler = subprocess.Popen([spy, "record", "--pid", str(proc.pid), "--gil", "--rate", "200", "--format",
+                                         "raw", "--output", str(root / "gil.txt")],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)
         dropped_at = time.time()
         for target in staged:
             target.rename(inbox / target.name)
         wait_for(lambda: sum(e.get("event") == "document queued" for e in events(log_path)) >= len(pdfs)
                  or proc.poll() is not None, 600, "every file to be queued")
     finally:
+        if spy and profiler is not None:
+            profiler.send_signal(signal.SIGINT)
+            profiler.wait(60)
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(60)
@@ -119,6 +131,8 @@ def main() -> int:
     ap.add_argument("--documents", type=int, default=48, help="max_documents_in_flight (workers rendering)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per tree, interleaved")
     ap.add_argument("--out", help="also write the result JSON here")
+    ap.add_argument("--spy", help="py-spy's path: profile the daemon's GIL holders during the burst")
+    ap.add_argument("--keep", help="copy each run's folder (log, profile) here")
     a = ap.parse_args()
     srcs = [Path(s).resolve() for s in a.src]
     with tempfile.TemporaryDirectory(prefix="intake-bench-") as tmp:
@@ -126,7 +140,13 @@ def main() -> int:
         runs: dict[str, list[dict[str, Any]]] = {str(s): [] for s in srcs}
         for n in range(a.repeat):
             for i, src in enumerate(srcs):
-                result = one_run(src, pdfs, Path(tmp) / f"run-{n}-{i}", a.documents)
+                result = one_run(src, pdfs, Path(tmp) / f"run-{n}-{i}", a.documents, a.spy)
+                if a.keep:
+                    kept = Path(a.keep) / f"run-{n}-{i}"
+                    kept.mkdir(parents=True, exist_ok=True)
+                    for name in ("daemon.log", "gil.txt"):
+                        if (Path(tmp) / f"run-{n}-{i}" / name).exists():
+                            shutil.copy(Path(tmp) / f"run-{n}-{i}" / name, kept / name)
                 runs[str(src)].append(result)
                 print(f"[{src}] run {n + 1}: {json.dumps(result)}", flush=True)
     summary: dict[str, Any] = {"files": a.files, "documents_in_flight": a.documents, "cores": os.cpu_count(),

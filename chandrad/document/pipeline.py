@@ -11,7 +11,7 @@ shares the ``Runtime`` (settings, journal, engine) between them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from chandrad.config import Settings
 from chandrad.document import recovery
@@ -51,6 +51,10 @@ class Pipeline:
     async def take_in(self, settled: SettledFile) -> Document | None:
         """A settled file becomes a queued document (or is refused with a reason); None: nothing to do."""
         return await self.intake.take_in(settled)
+
+    async def take_in_batch(self, batch: Sequence[SettledFile]) -> list[Document]:
+        """Settled files taken in together (two journal commits for all of them): the queued documents."""
+        return await self.intake.take_in_batch(batch)
 
     async def process(self, doc_id: str) -> Outcome:
         """A queued document as far as it goes: published, failed, or queued for a retry."""

@@ -11,9 +11,11 @@ that enters an inbox ends somewhere.
 
 from __future__ import annotations
 
+import asyncio
 import stat
 import time
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ from chandrad.output.failures import FailureEntry, Failures
 from chandrad.runtime import Runtime, now_iso, remove_claim_folder
 from chandrad.storage import folders
 from chandrad.storage.durable import move_durably
-from chandrad.storage.journal import Document
+from chandrad.storage.journal import Document, NewFile
 
 log = structlog.get_logger("chandrad.inbox.intake")
 
@@ -108,6 +110,23 @@ def _rehash_if_replaced(claimed: Path, settled: SettledFile) -> tuple[str, int, 
         st = after
 
 
+@dataclass
+class _Arrival:
+    """One settled file of a batch, as intake learns about it."""
+
+    settled: SettledFile
+    sha256: str = ""
+    refusal: DocumentError | None = None
+
+
+def _claim_on_disk(claimed: Path, record: claims.ClaimRecord, settled: SettledFile) -> None:
+    """The claim record, then the file beside it (blocking). The record first: a claim folder
+    holding a file always says what it is (a takeover needs that), and a claim lost to another
+    host leaves only the record, which the caller removes."""
+    claims.write_claim_record(claimed.parent, record)
+    move_durably(settled.path, claimed)
+
+
 class Intake:
     def __init__(self, runtime: Runtime, failures: Failures) -> None:
         self.runtime = runtime
@@ -119,70 +138,107 @@ class Intake:
 
     async def take_in(self, settled: SettledFile) -> Document | None:
         """Journal and claim a settled file. Returns the queued document, or None if nothing is to do."""
-        if settled.path in self._taking_in:
-            return None  # another intake has this very name in hand
-        self._taking_in.add(settled.path)
-        try:
-            return await self._take_in(settled)
-        finally:
-            self._taking_in.discard(settled.path)
+        taken = await self.take_in_batch([settled])
+        return taken[0] if taken else None
 
-    async def _take_in(self, settled: SettledFile) -> Document | None:
-        inbox, rel = settled.inbox, settled.rel_path
+    async def take_in_batch(self, batch: Sequence[SettledFile]) -> list[Document]:
+        """Journal and claim settled files together: one transaction journals them all before any
+        is claimed, one queues them all once each is claimed and checked (a burst of drops costs
+        two commits, not three for each file). Returns the documents queued."""
+        fresh: list[SettledFile] = []
+        for settled in batch:
+            if settled.path not in self._taking_in:  # else another intake has this very name in hand
+                self._taking_in.add(settled.path)
+                fresh.append(settled)
+        try:
+            return await self._take_in_batch(fresh) if fresh else []
+        finally:
+            self._taking_in.difference_update(settled.path for settled in fresh)
+
+    async def _take_in_batch(self, batch: list[SettledFile]) -> list[Document]:
         journal = self.runtime.journal
         known = await journal.call(
-            journal.find_same_file, inbox.name, str(rel), settled.size, settled.mtime_ns, str(settled.path)
+            journal.find_same_files,
+            [(s.inbox.name, str(s.rel_path), s.size, s.mtime_ns, str(s.path)) for s in batch],
         )
-        if known is not None:
-            return None  # a kept original, or a file we could not move: already accounted for
-        sha256 = ""
-        refusal: DocumentError | None = None
-        if settled.kind == "symlink":
-            refusal = PermanentError("it is a symbolic link; chandrad never follows links", stage="intake")
-        elif settled.kind == "special":
-            refusal = PermanentError("it is not a regular file (a pipe, socket or device)", stage="intake")
-        else:
-            try:
-                unchanged = await self.runtime.on_inbox(inbox.path, _hash_unchanged, settled)
-            except FileNotFoundError:
-                return None  # gone again before we got to it: nothing entered
-            except DocumentError as error:
-                refusal = error
-            else:
-                if unchanged is None:
-                    log.info(
-                        "file changed while it was read; waiting for it to settle again",
-                        inbox=inbox.name,
-                        file=str(rel),
-                    )
-                    return None
-                sha256 = unchanged
-        added = await journal.call(journal.add_document, inbox.name, str(rel), sha256, settled.size, settled.mtime_ns)
-        doc = await self._claim(added, settled)
-        if doc is None:
-            return None
-        if refusal is None:
-            refusal = await duplicate_of(self.runtime, doc, inbox)
-        if refusal is not None:
-            await self.failures.fail(doc, refusal)
-            return None
-        # Queued only now: the retry loop hands every due queued row to a worker, and a worker
-        # taking a copy in the middle of its duplicate check failed it a second time (two reports).
-        doc = await journal.call(journal.set_state, doc.id, "queued")
-        log.info("document queued", doc=doc.id, inbox=inbox.name, file=str(rel), size=settled.size)
-        return doc
+        # A kept original, or a file we could not move: already accounted for.
+        looked_at = await asyncio.gather(*(self._look_at(s) for s, twin in zip(batch, known, strict=True) if not twin))
+        arrivals = [arrival for arrival in looked_at if arrival is not None]
+        if not arrivals:
+            return []
+        added = await journal.call(
+            journal.add_documents,
+            [
+                NewFile(a.settled.inbox.name, str(a.settled.rel_path), a.sha256, a.settled.size, a.settled.mtime_ns)
+                for a in arrivals
+            ],
+        )
+        checked = await asyncio.gather(
+            *(self._claim_and_check(doc, arrival) for doc, arrival in zip(added, arrivals, strict=True))
+        )
+        # Queued only now, all in one commit: the retry loop hands every due queued row to a
+        # worker, and a worker taking a copy in the middle of its duplicate check failed it a
+        # second time (two reports). A crash before this commit leaves claimed "settled" rows,
+        # which recovery finishes (it finds each file in its claim folder).
+        changes = [(doc.id, "queued", journaled) for doc, journaled in checked if journaled is not None]
+        if not changes:
+            return []
+        queued = await journal.call(journal.set_states, changes)
+        for doc in queued:
+            log.info("document queued", doc=doc.id, inbox=doc.inbox, file=doc.rel_path, size=doc.size)
+        return queued
 
-    async def _claim(self, doc: Document, settled: SettledFile) -> Document | None:
-        """Move the file into the claimed area and journal where it is. The row stays ``settled``
-        until intake is done with it (recovery queues a ``settled`` row whose file is claimed)."""
+    async def _look_at(self, settled: SettledFile) -> _Arrival | None:
+        """What is known of ``settled`` before it is journaled: its hash, or why it is refused.
+        None when there is nothing to take in (gone again, or changed while it was read)."""
+        inbox = settled.inbox
+        if settled.kind == "symlink":
+            return _Arrival(
+                settled, refusal=PermanentError("it is a symbolic link; chandrad never follows links", stage="intake")
+            )
+        if settled.kind == "special":
+            return _Arrival(
+                settled, refusal=PermanentError("it is not a regular file (a pipe, socket or device)", stage="intake")
+            )
+        try:
+            unchanged = await self.runtime.on_inbox(inbox.path, _hash_unchanged, settled)
+        except FileNotFoundError:
+            return None  # gone again before we got to it: nothing entered
+        except DocumentError as error:
+            return _Arrival(settled, refusal=error)
+        if unchanged is None:
+            log.info(
+                "file changed while it was read; waiting for it to settle again",
+                inbox=inbox.name,
+                file=str(settled.rel_path),
+            )
+            return None
+        return _Arrival(settled, sha256=unchanged)
+
+    async def _claim_and_check(self, doc: Document, arrival: _Arrival) -> tuple[Document, dict[str, Any] | None]:
+        """Claim ``doc``'s file and check it is no copy. Returns the fields to journal with its
+        ``queued`` state, or None when it is not to be queued (lost to another host, failed)."""
+        journaled = await self._claim(doc, arrival.settled)
+        if journaled is None:
+            return doc, None
+        claimed_doc = replace(doc, **journaled)
+        refusal = arrival.refusal or await duplicate_of(self.runtime, claimed_doc, arrival.settled.inbox)
+        if refusal is not None:
+            journal = self.runtime.journal
+            await self.failures.fail(await journal.call(journal.set_state, doc.id, "settled", **journaled), refusal)
+            return doc, None
+        return doc, journaled
+
+    async def _claim(self, doc: Document, settled: SettledFile) -> dict[str, Any] | None:
+        """Move the file into the claimed area. Returns what to journal of it (where it is, and
+        its hash when it was replaced under our feet), or None when it was not claimed (gone, or
+        failed: told and journaled here). The row stays ``settled`` until intake is done with it
+        (recovery queues a ``settled`` row whose file is claimed)."""
         inbox, journal = settled.inbox, self.runtime.journal
         claimed = folders.claimed_path(inbox.path, self.runtime.host_id, doc.id, settled.rel_path)
         record = claims.claim_record_of(doc, self.runtime.host_id)
         try:
-            # The record first: a claim folder holding a file always says what it is (a takeover
-            # needs that), and a claim lost to another host leaves only the record, removed here.
-            await self.runtime.on_inbox(inbox.path, claims.write_claim_record, claimed.parent, record)
-            await self.runtime.on_inbox(inbox.path, move_durably, settled.path, claimed)
+            await self.runtime.on_inbox(inbox.path, _claim_on_disk, claimed, record, settled)
         except FileNotFoundError:
             # Gone before it was taken in (another host's claim came first): no document.
             await self.runtime.on_inbox(inbox.path, remove_claim_folder, claimed.parent)
@@ -225,4 +281,4 @@ class Intake:
                 )
                 await self.runtime.on_inbox(inbox.path, claims.write_claim_record, claimed.parent, record)
                 journaled.update(sha256=sha256, size=size, mtime_ns=mtime_ns)
-        return await journal.call(journal.set_state, doc.id, "settled", **journaled)
+        return journaled

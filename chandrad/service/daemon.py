@@ -54,6 +54,9 @@ log = structlog.get_logger("chandrad.service.daemon")
 
 # Settled files waiting for intake; when full, watchers wait (backpressure) instead of piling up.
 INTAKE_QUEUE_SIZE = 256
+# Settled files one intake loop takes in together at most. Its first document is queued only
+# once the whole batch is claimed, so a batch is a few tenths of a second of work, not more.
+INTAKE_BATCH = 32
 RETRY_POLL_SECONDS = 1.0
 RETRY_QUEUE_DEPTH = 4  # × documents in flight: queued documents the retry loop keeps in memory
 TICK_SECONDS = 1.0
@@ -422,16 +425,20 @@ class Daemon:
     async def _intake_loop(self) -> None:
         assert self.pipeline is not None
         while True:
-            settled = await self.intake_queue.get()
+            # What has settled meanwhile comes along (up to INTAKE_BATCH): one journal commit
+            # for all of them, and fewer turns of the loop for each.
+            batch = [await self.intake_queue.get()]
+            while len(batch) < INTAKE_BATCH and not self.intake_queue.empty():
+                batch.append(self.intake_queue.get_nowait())
             try:
-                doc = await self.pipeline.take_in(settled)
+                docs = await self.pipeline.take_in_batch(batch)
             except Exception:
                 log.exception(
-                    "intake failed; the file stays in the inbox and is retried at the next rescan",
-                    file=str(settled.path),
+                    "intake failed; the files stay in the inbox and are retried at the next rescan",
+                    files=[str(settled.path) for settled in batch],
                 )
                 continue
-            if doc is not None:
+            for doc in docs:
                 self.work.put(doc.id)
 
     async def _retry_loop(self) -> None:

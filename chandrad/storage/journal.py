@@ -43,7 +43,17 @@ from chandrad.storage.schema import (
 )
 
 # Document and the states are the journal's vocabulary (schema.py); imported from here too.
-__all__ = ["STATES", "Delivery", "Document", "DocumentState", "Journal", "NewDelivery", "PrunedDocument", "storable"]
+__all__ = [
+    "STATES",
+    "Delivery",
+    "Document",
+    "DocumentState",
+    "Journal",
+    "NewDelivery",
+    "NewFile",
+    "PrunedDocument",
+    "storable",
+]
 
 log = structlog.get_logger("chandrad.storage.journal")
 
@@ -83,6 +93,17 @@ class PrunedDocument:
     sha256: str
     state: DocumentState
     updated_at: float
+
+
+@dataclass(frozen=True)
+class NewFile:
+    """A settled file about to get its ``settled`` row (``Journal.add_documents``)."""
+
+    inbox: str
+    rel_path: str
+    sha256: str
+    size: int
+    mtime_ns: int
 
 
 @dataclass(frozen=True)
@@ -246,6 +267,35 @@ class Journal:
         )
         return self.get(doc_id)
 
+    def add_documents(self, files: Sequence[NewFile]) -> list[Document]:
+        """A new ``settled`` row for each of ``files``, in one transaction (a burst taken in at
+        once: one commit, not one each). Every row is durable before any of the files is claimed."""
+        now = self._clock()
+        rows = [
+            (uuid.uuid4().hex[:16], f.inbox, storable(f.rel_path), f.sha256, f.size, f.mtime_ns, now, now)
+            for f in files
+        ]
+
+        def work(db: sqlite3.Connection) -> None:
+            db.executemany(
+                "INSERT INTO documents (id, inbox, rel_path, sha256, size, mtime_ns, state, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'settled', ?, ?)",
+                rows,
+            )
+
+        self._transaction(work)
+        return [self.get(row[0]) for row in rows]
+
+    def set_states(self, changes: Sequence[tuple[str, str, dict[str, Any]]]) -> list[Document]:
+        """Each ``(doc_id, state, fields)`` of ``changes``, in one transaction: all or none."""
+
+        def work(db: sqlite3.Connection) -> None:
+            for doc_id, state, values in changes:
+                self._update(db, doc_id, state, values)
+
+        self._transaction(work)
+        return [self.get(doc_id) for doc_id, _, _ in changes]
+
     def split(self, parent: Document, parts: Sequence[Document]) -> None:
         """In one transaction: each of ``parts`` a queued document of its own (a part a crash left
         adopted is only given its ``split_from``), and ``parent`` ``split``, waiting for them."""
@@ -390,6 +440,10 @@ class Journal:
             (inbox, storable(rel_path), size, mtime_ns, storable(path)),
         ).fetchone()
         return Document.from_row(row) if row else None
+
+    def find_same_files(self, files: Sequence[tuple[str, str, int, int, str]]) -> list[Document | None]:
+        """``find_same_file`` for each of ``files`` (its arguments), in one call."""
+        return [self.find_same_file(*file) for file in files]
 
     def unfinished(self) -> list[Document]:
         """Every document not final, oldest first. The states are named (IN, not NOT IN): SQLite
