@@ -5,14 +5,20 @@
    Chandra's DPI rule) against plain `pdftoppm -r 192` of the whole file, on the same multi-page PDF.
 2. Memory: peak RSS of a process that prepares a generated 300-page PDF against a 3-page one.
    Flat memory means the ratio stays near 1.
+3. Pages side by side (``--parallel``): each page of the corpus scans as the daemon's page reader
+   takes it (the PDFium render in its child, the ink measure, orientation by Leptonica and, where
+   it cannot decide, tesseract), on as many threads as there are cores, against ``pdftoppm -r 192``
+   of the same pages on as many threads. Prints pages/s, CPU seconds a page (this process and its
+   children) and what that makes on 16 cores if the work scales with them.
 
-Usage: python bench/prepare.py [--pages 24] [--big 300]
+Usage: python bench/prepare.py [--pages 24] [--big 300] [--parallel] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -55,6 +61,58 @@ def prepare_all(pdf: Path, work: Path) -> dict:
     }
 
 
+SCANS = [
+    "linn.pdf", "c02-22.pdf", "cardinal.pdf", "lichtenstein.pdf", "kcs.pdf", "francais.pdf", "skew.pdf",
+    "multipage.pdf", "epson.pdf", "ccitt.pdf", "jbig2.pdf",
+]
+
+
+def cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def parallel(rounds: int) -> dict:
+    """The page reader's work per page on every core, against pdftoppm on every core."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from chandrad import prepare
+    from chandrad.config import PrepareSettings
+    from chandrad.scan.blank import ink_share
+    from chandrad.scan.orientation import detect_orientation
+
+    settings = PrepareSettings()
+    pages = [
+        (CORPUS / name, n)
+        for name in SCANS
+        for n in range(1, min(prepare.pdf_info(CORPUS / name, settings).pages, 4) + 1)
+    ] * rounds
+    workers = os.cpu_count() or 1
+
+    def ours(job: tuple[Path, int]) -> str:
+        page = prepare.render_pdf_page(job[0], job[1], settings)
+        grey = page.image.convert("L")
+        return detect_orientation(grey, page.dpi, settings, ink_share(grey)).method
+
+    def baseline(job: tuple[Path, int]) -> None:
+        subprocess.run(["pdftoppm", "-r", "192", "-f", str(job[1]), "-l", str(job[1]), str(job[0])],
+                       check=True, stdout=subprocess.DEVNULL)
+
+    result: dict = {"pages": len(pages), "workers": workers}
+    for label, work in (("pdftoppm", baseline), ("chandrad", ours)):
+        cpu, started = cpu_seconds(), time.perf_counter()
+        with ThreadPoolExecutor(workers) as pool:
+            methods = list(pool.map(work, pages))
+        wall = time.perf_counter() - started
+        per_page = (cpu_seconds() - cpu) / len(pages)
+        result[label] = {"pages_per_s": round(len(pages) / wall, 2), "cpu_s_per_page": round(per_page, 3),
+                         "pages_per_s_16_cores": round(16 / per_page, 1)}
+        if label == "chandrad":
+            result[label]["orientation_by"] = {m or "none": methods.count(m) for m in set(methods)}
+    result["ratio_pages_per_s"] = round(result["chandrad"]["pages_per_s"] / result["pdftoppm"]["pages_per_s"], 2)
+    return result
+
+
 def run_child(pdf: Path, work: Path) -> dict:
     """Measure in a fresh process so peak RSS belongs to this document alone."""
     out = subprocess.run(
@@ -68,9 +126,18 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=24)
     parser.add_argument("--big", type=int, default=300)
     parser.add_argument("--child", nargs=2)
+    parser.add_argument("--parallel", action="store_true", help="only the pages-side-by-side measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="--parallel: times through the corpus pages")
+    parser.add_argument("--json", type=Path, help="--parallel: also write the result here")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(prepare_all(Path(args.child[0]), Path(args.child[1]))))
+        return
+    if args.parallel:
+        result = parallel(args.rounds)
+        print(json.dumps(result, indent=1))
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1) + "\n")
         return
 
     with tempfile.TemporaryDirectory() as scratch:

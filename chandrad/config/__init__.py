@@ -15,7 +15,7 @@ from __future__ import annotations
 from chandrad.config.base import DEFAULT_ROOT, EVENTS, Event, OutputFormat
 from chandrad.config.delivery import DeliverySettings, HookSettings, WebhookSettings
 from chandrad.config.engine import EngineSettings, PrepareSettings
-from chandrad.config.inbox import InboxRule, InboxSettings, glob_matches, name_matches
+from chandrad.config.inbox import InboxRule, InboxSettings, glob_matches, name_matcher
 from chandrad.config.loading import find_config_file, load_settings, prepare_folders
 from chandrad.config.settings import RetentionSettings, Settings
 from chandrad.errors import ConfigError
@@ -38,6 +38,6 @@ __all__ = [
     "find_config_file",
     "glob_matches",
     "load_settings",
-    "name_matches",
+    "name_matcher",
     "prepare_folders",
 ]

@@ -4,7 +4,7 @@ globs they match with)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,10 +30,13 @@ def glob_matches(pattern: str, rel_path: str) -> bool:
     return bool(wcglob.globmatch(rel_path.replace(os.sep, "/"), pattern, flags=RULE_GLOB))
 
 
-def name_matches(pattern: str, name: str, *, case: bool = False) -> bool:
-    """Whether an include/ignore pattern matches one name (``case``: exactly as written)."""
+def name_matcher(patterns: Sequence[str], *, case: bool = False) -> Callable[[str], bool]:
+    """Whether a name matches any of the include/ignore ``patterns`` (``case``: exactly as
+    written), compiled once: a watcher asks for every event."""
+    if not patterns:
+        return lambda name: False
     flags = NAME_GLOB & ~wcfnmatch.IGNORECASE | wcfnmatch.CASE if case else NAME_GLOB
-    return bool(wcfnmatch.fnmatch(name, pattern, flags=flags))
+    return wcfnmatch.compile(list(patterns), flags=flags).match
 
 
 def split_specs(split_on: Iterable[str]) -> tuple[bool, tuple[str, ...], bool]:
