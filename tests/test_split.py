@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import once_with_tesseract
 from tests.reliability.chaoslib import ChaosDaemon, chaos_env, wait_for
 from tests.test_separators import SHEETS, stack_bytes
 
@@ -133,3 +134,16 @@ def test_an_archive_that_cannot_be_written_when_the_stack_is_done_retries_the_st
     wait_for(lambda: _settled(daemon), 120, "the stack archived once the archive is back")
     assert daemon.stop() == 0
     _check_three_letters(daemon)
+
+
+def test_chandrad_once_gives_a_stack_one_output_folder_per_letter_and_leaves_the_original(tmp_path):
+    stack = tmp_path / "stack.pdf"
+    original = stack_bytes(SHEETS["patch-t"]())
+    stack.write_bytes(original)
+    out = once_with_tesseract(tmp_path / "once", [stack], 'split_on = ["patch-t"]\nrotate_pages = false\n')
+    assert sorted(path.name for path in out.iterdir()) == PARTS
+    for folder, pages in zip(PARTS, ([1, 2], [4, 5], [7, 8]), strict=True):
+        document = json.loads((out / folder / f"{folder}.json").read_text())
+        assert document["source"] == "stack.pdf" and document["source_pages"] == pages
+        assert "tip-toeing" in (out / folder / f"{folder}.md").read_text().lower()
+    assert stack.read_bytes() == original

@@ -3,7 +3,9 @@
 A scratch inbox, journal and failed folder live in a temporary directory; each file is journaled
 as already claimed where it lies (``move_originals=False``: originals stay where they are), then
 ``Pipeline.process`` runs it, a transient failure or a wait again after a pause (up to
-``max_attempts`` attempts; a wait uses none, so ``ONCE_ROUNDS`` bounds both).
+``max_attempts`` attempts; a wait uses none, so ``ONCE_ROUNDS`` bounds both). A batch scan cut at
+its separator sheets (the first inbox's ``split_on``) gives one output folder per part: its parts
+are converted like the given files once the stack is split.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from chandrad.backoff import backoff_seconds
 from chandrad.config import InboxSettings, Settings, prepare_folders
 from chandrad.document.pipeline import Pipeline
 from chandrad.engine import create_engine, pages_in_flight
-from chandrad.runtime import Ending
+from chandrad.runtime import Ending, Outcome
 from chandrad.storage.folders import host_staging, staging_root
 from chandrad.storage.journal import Journal
 
@@ -44,7 +46,7 @@ async def convert_once(
         scratch_path = Path(scratch)
         inherited_keys = (
             *("prompt_type", "formats", "compress", "pdf_password", "pdfa", "pdf_replace_text", "pdf_word_boxes"),
-            *("rotate_pages", "rotate_pdf_pages", "blank_pages", "drop_blank_pdf_pages", "ocr_mode"),
+            *("rotate_pages", "rotate_pdf_pages", "blank_pages", "drop_blank_pdf_pages", "ocr_mode", "split_on"),
         )
         inherited = {key: getattr(template, key) for key in inherited_keys} if template else {}
         inbox = InboxSettings.model_validate(
@@ -78,33 +80,26 @@ async def convert_once(
                 await journal.call(journal.set_state, doc.id, "queued", claimed_path=str(file.absolute()))
                 doc_ids.append((file, doc.id))
 
-            async def convert(file: Path, doc_id: str) -> None:
-                rounds = 0
-                while (outcome := await pipeline.process(doc_id)).state is Ending.RETRYING:
-                    # A transient failure uses an attempt (the pipeline fails the document after
-                    # max_attempts); a wait (a full disk, an unreachable folder) does not, so
-                    # without a bound of its own a lasting one would hold `once` for ever.
-                    rounds += 1
-                    if rounds >= ONCE_ROUNDS:
-                        outcome = dataclasses.replace(
-                            outcome, state=Ending.FAILED, reason=f"gave up after {rounds} tries: {outcome.reason}"
-                        )
-                        break
-                    await asyncio.sleep(backoff_seconds(0.5, rounds, ONCE_PAUSE_CAP_SECONDS))
+            sem = asyncio.Semaphore(settings.documents_in_flight(pages_in_flight(settings.engine, engine.name)))
+
+            async def convert(group: asyncio.TaskGroup, file: Path, doc_id: str) -> None:
+                async with sem:
+                    outcome = await convert_one(pipeline, doc_id)
                 if outcome.state is Ending.FAILED:
                     failures.append((str(file), outcome.reason))
+                elif outcome.state is Ending.SPLIT:
+                    # A batch scan cut into parts, each a document of its own in the journal now: the
+                    # last one to be final completes the stack (the pipeline does).
+                    for part in await journal.call(journal.parts_of, doc_id):
+                        span = part.split_from or {}
+                        label = file.with_name(f"{file.name} pages {span.get('first')}-{span.get('last')}")
+                        group.create_task(convert(group, label, part.id))
                 else:
                     on_published(file, outcome.output_dir)
 
-            sem = asyncio.Semaphore(settings.documents_in_flight(pages_in_flight(settings.engine, engine.name)))
-
-            async def bounded(file: Path, doc_id: str) -> None:
-                async with sem:
-                    await convert(file, doc_id)
-
             async with asyncio.TaskGroup() as group:
                 for file, doc_id in doc_ids:
-                    group.create_task(bounded(file, doc_id))
+                    group.create_task(convert(group, file, doc_id))
         finally:
             await engine.aclose()
             pipeline.close()
@@ -117,3 +112,19 @@ async def convert_once(
                 except OSError:  # absent, or not empty (another chandrad's): leave it
                     pass
     return failures
+
+
+async def convert_one(pipeline: Pipeline, doc_id: str) -> Outcome:
+    """The document through the pipeline, taken up again after each transient failure or wait."""
+    rounds = 0
+    while (outcome := await pipeline.process(doc_id)).state is Ending.RETRYING:
+        # A transient failure uses an attempt (the pipeline fails the document after
+        # max_attempts); a wait (a full disk, an unreachable folder) does not, so without a bound
+        # of its own a lasting one would hold `once` for ever.
+        rounds += 1
+        if rounds >= ONCE_ROUNDS:
+            return dataclasses.replace(
+                outcome, state=Ending.FAILED, reason=f"gave up after {rounds} tries: {outcome.reason}"
+            )
+        await asyncio.sleep(backoff_seconds(0.5, rounds, ONCE_PAUSE_CAP_SECONDS))
+    return outcome
