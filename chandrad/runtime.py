@@ -7,7 +7,7 @@ import calendar
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -139,12 +139,15 @@ class Runtime:
     def work_dir(self, doc_id: str) -> Path:
         return folders.work_dir(self.settings.state_dir, doc_id)
 
-    async def reserve_final_path(self, doc: Document, folder: Path, state: str) -> Path:
+    async def reserve_final_path(
+        self, doc: Document, folder: Path, state: str, note: Callable[[Path], Awaitable[object]] | None = None
+    ) -> Path:
         """Where ``doc``'s original goes in ``folder`` (archive/, failed/, back into the inbox): its
         free name, journaled (in ``state``) and then reserved on disk (``durable.reserve_name``)
         before the move, so that neither a crash nor another host publishing the same name at the
-        same moment makes the move replace a file. Call it only while the original is still
-        claimed (after the move, ``final_path`` is where it went)."""
+        same moment makes the move replace a file. ``note``: told each name before it is reserved
+        (the claim record, for a host that takes the document over). Call it only while the
+        original is still claimed (after the move, ``final_path`` is where it went)."""
         rel = naming.safe_relative(Path(doc.rel_path))
         # archive/ and failed/ sit beside the inbox, often on its share: its threads, not the
         # default executor behind page renders.
@@ -156,6 +159,8 @@ class Runtime:
             else:
                 target = await self.on_inbox(share, naming.free_name, folder / rel.parent, rel.name)
                 await self.journal.call(self.journal.set_state, doc.id, state, final_path=str(target))
+            if note is not None:
+                await note(target)
             if await self.on_inbox(share, reserve_name, target, named is not None):
                 return target
             named = None  # taken by another host between our look and our reservation: the next name

@@ -6,6 +6,7 @@ resumes to exactly the same three documents, once each."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -147,3 +148,72 @@ def test_chandrad_once_gives_a_stack_one_output_folder_per_letter_and_leaves_the
         assert document["source"] == "stack.pdf" and document["source_pages"] == pages
         assert "tip-toeing" in (out / folder / f"{folder}.md").read_text().lower()
     assert stack.read_bytes() == original
+
+
+def _host(root: Path, made: list[ChaosDaemon], host_id: str, share: Path) -> ChaosDaemon:
+    """A daemon of its own (state, log) on the folders ``share`` holds: one host of a shared inbox."""
+    home = root / host_id
+    shared = {name: share / name for name in ("inbox", "outbox", "archive", "failed")}
+    daemon = ChaosDaemon(
+        home, env=chaos_env(root / f"chaos-{host_id}.log"),
+        extra_config=f'host_id = "{host_id}"\ntakeover_seconds = 3\nmax_documents_in_flight = 2\n',
+        inbox_config=(f'outbox = "{shared["outbox"]}"\narchive = "{shared["archive"]}"\n'
+                      f'failed = "{shared["failed"]}"\nsplit_on = ["patch-t"]\nrotate_pages = false\n'),
+    )
+    daemon.config.write_text(daemon.config.read_text().replace(f'path = "{home / "inbox"}"', f'path = "{shared["inbox"]}"'))
+    daemon.inbox, daemon.outbox, daemon.archive, daemon.failed = (
+        shared["inbox"], shared["outbox"], shared["archive"], shared["failed"])
+    made.append(daemon)
+    return daemon
+
+
+def _claimed_originals(inbox: Path) -> list[Path]:
+    claimed = inbox / ".chandrad" / "claimed"
+    return [path for path in claimed.glob("*/*/*") if path.is_file() and not path.name.startswith(".")]
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "replace:(part 2 of 3).pdf:after:1",  # a part written, the split not yet committed
+        "rename:stack (part 1 of 3):after:1",  # the split committed, the first letter's outputs in place
+        "rename:archive/stack.pdf:before:1",  # every letter final, the stack's original not yet archived
+    ],
+)
+def test_a_host_killed_mid_stack_on_a_shared_inbox_leaves_a_survivor_exactly_three_letters_once_each(
+    tmp_path, daemons, point
+):
+    """host-a splits a stack and is killed at ``point``; host-b takes the stack over with its parts
+    (those the stack's claim record lists) and ends it: each letter published once, the stack
+    archived once, nothing in failed/ or left in the claims; host-a, restarted, does nothing twice."""
+    share = tmp_path / "share"
+    first, second = _host(tmp_path, daemons, "host-a", share), _host(tmp_path, daemons, "host-b", share)
+    first.inbox.mkdir(parents=True)
+    (first.inbox / "stack.pdf").write_bytes(stack_bytes(SHEETS["patch-t"]()))
+    first.start(env={"CHAOS_KILL": point}, wait=False)
+    assert first.wait_dead(240) == -9, "the injected kill must fire"
+    assert (tmp_path / "chaos-host-a.log").read_text().strip(), f"chaos point {point} was not reached"
+    second.start()
+
+    def settled() -> bool:
+        names = sorted(path.name for path in second.outbox.iterdir() if not path.name.startswith("."))
+        archived = [path.name for path in second.archive.rglob("*") if path.is_file()]
+        return names == PARTS and archived == ["stack.pdf"] and not _claimed_originals(second.inbox)
+
+    wait_for(settled, 240, "host-b to end host-a's stack")
+    taken = {e["doc"] for e in second.events() if e.get("event") == "took over a document of a host that stopped"}
+    assert taken, "host-b took host-a's stack over"
+    first.start(env={"CHAOS_KILL": ""})
+    time.sleep(3)  # host-a's recovery and first rescan: it must neither publish nor fail anything again
+    assert first.stop() == 0 and second.stop() == 0
+    assert sorted(path.name for path in second.outbox.iterdir() if not path.name.startswith(".")) == PARTS
+    for folder, pages in zip(PARTS, ([1, 2], [4, 5], [7, 8]), strict=True):
+        document = json.loads((second.outbox / folder / f"{folder}.json").read_text())
+        assert document["source"] == "stack.pdf" and document["source_pages"] == pages
+        assert "tip-toeing" in (second.outbox / folder / f"{folder}.md").read_text().lower()
+    assert [path.name for path in second.archive.rglob("*") if path.is_file()] == ["stack.pdf"]
+    assert not [path for path in second.failed.rglob("*") if path.is_file()]
+    assert not _claimed_originals(second.inbox)
+    for host in (first, second):
+        unfinished = host.journal_rows("SELECT id, state FROM documents WHERE state NOT IN ('published')")
+        assert unfinished == [], f"{host.root.name}: {unfinished}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from chandrad.config import InboxSettings
+from chandrad.hosts import claims
 from chandrad.runtime import Runtime
 from chandrad.storage.durable import move_durably
 from chandrad.storage.journal import Document
@@ -28,5 +29,10 @@ async def settle_original(runtime: Runtime, doc: Document, inbox: InboxSettings)
         # unwritable, before this retry published the document) gives way to one here.
         # Named in the state the document is in (publishing; a batch scan's stack: split, so that
         # a crash before the move resumes it as a stack, not as a document to prepare again).
-        target = await runtime.reserve_final_path(doc, folder, doc.state)
+        # Named in the claim record too: a host that takes the document over after the
+        # reservation moves it onto it, instead of beside an empty placeholder.
+        async def note(target: Path) -> None:
+            await runtime.on_inbox(inbox.path, claims.note_final_path, claimed, target)
+
+        target = await runtime.reserve_final_path(doc, folder, doc.state, note)
         await runtime.on_inbox(inbox.path, move_durably, claimed, target)

@@ -28,8 +28,9 @@ from chandrad import prepare
 from chandrad.config import InboxSettings, PrepareSettings
 from chandrad.document.archive import settle_original
 from chandrad.errors import PermanentError
+from chandrad.hosts import claims
 from chandrad.pdf.images import image_document
-from chandrad.runtime import Ending, Outcome, Runtime
+from chandrad.runtime import Ending, Outcome, Runtime, remove_claim_folder
 from chandrad.scan.separators import SplitRule, parts, separator_kind
 from chandrad.storage import folders
 from chandrad.storage.durable import makedirs_durably, write_file_durably
@@ -72,10 +73,19 @@ def part_bytes(source: Path, doc_type: str, password: str | None, first: int, la
     return buffer.getvalue()
 
 
-def write_part(claimed: Path, data: bytes) -> None:
-    """A part's PDF into its claim folder, durably (blocking: on the inbox's threads)."""
+def write_part(claimed: Path, data: bytes, record: claims.ClaimRecord) -> None:
+    """A part's PDF and its claim record into its claim folder, durably (blocking: on the inbox's
+    threads). The record lets a host that takes the stack over take its parts with it."""
     makedirs_durably(claimed.parent)
     write_file_durably(claimed, data)
+    claims.write_claim_record(claimed.parent, record)
+
+
+def remove_parts(claimed_parts: list[Path]) -> None:
+    """The part folders of a split that is not ours to finish (blocking)."""
+    for claimed in claimed_parts:
+        claimed.unlink(missing_ok=True)  # a copy of the stack's own pages: the stack keeps them
+        remove_claim_folder(claimed.parent)
 
 
 class Splitter:
@@ -113,18 +123,24 @@ class Splitter:
             data = await asyncio.to_thread(
                 part_bytes, prepared.source, prepared.doc_type, prepared.password, first, last
             )
-            await runtime.on_inbox(inbox.path, write_part, claimed, data)
-            made.append(
-                dataclasses.replace(
-                    doc,
-                    id=part_id,
-                    rel_path=rel_path,
-                    claimed_path=str(claimed),
-                    sha256=hashlib.sha256(data).hexdigest(),
-                    size=len(data),
-                    split_from={"parent": doc.id, "file": doc.rel_path, "first": first, "last": last},
-                )
+            part = dataclasses.replace(
+                doc,
+                id=part_id,
+                rel_path=rel_path,
+                claimed_path=str(claimed),
+                sha256=hashlib.sha256(data).hexdigest(),
+                size=len(data),
+                split_from={"parent": doc.id, "file": doc.rel_path, "first": first, "last": last},
             )
+            part_record = dataclasses.replace(claims.claim_record_of(part, runtime.host_id), split_from=part.split_from)
+            await runtime.on_inbox(inbox.path, write_part, claimed, data, part_record)
+            made.append(part)
+        # The split's commit point on the share (every part written first); then the journal's.
+        stack_claimed = Path(str(doc.claimed_path))
+        if not await runtime.on_inbox(inbox.path, claims.note_parts, stack_claimed, [part.id for part in made]):
+            await runtime.on_inbox(inbox.path, remove_parts, [Path(str(part.claimed_path)) for part in made])
+            taker = await runtime.on_inbox(inbox.path, claims.lost_to, inbox.path, stack_claimed, doc.id)
+            raise claims.ClaimLost(taker or "another host")
         await runtime.journal.call(runtime.journal.split, doc, made)
         log.info(
             "batch scan split at its separator sheets",

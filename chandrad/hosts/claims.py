@@ -56,6 +56,15 @@ class ClaimRecord:
     first_seen: float
     host_id: str
     output_dir: str | None = None
+    # A batch scan's part: its stack's id, file and pages (``Document.split_from``).
+    split_from: dict[str, Any] | None = None
+    # A batch scan's stack, once every part's folder and record are written: the parts' ids. This
+    # is the split's commit point on the share: a part its stack does not list is a leftover of a
+    # split cut short (the stack is split again, the same ids rewritten), never a document.
+    parts: list[str] | None = None
+    # Where the original is about to be moved (archive/, once published), named before the name is
+    # reserved there: a host taking the document over moves it onto that reservation, not beside it.
+    final_path: str | None = None
 
     def encoded(self) -> bytes:
         return (json.dumps(asdict(self), ensure_ascii=False, indent=1) + "\n").encode("utf-8")
@@ -85,6 +94,36 @@ def note_output_dir(claimed: Path, output_dir: Path) -> None:
     record = read_claim_record(claimed.parent)
     if record is not None and record.output_dir != str(output_dir):
         write_claim_record(claimed.parent, ClaimRecord(**{**asdict(record), "output_dir": str(output_dir)}))
+
+
+def note_final_path(claimed: Path, final_path: Path) -> None:
+    """Add the original's reserved destination to the record of the claim ``claimed`` lies in
+    (blocking; a claim without a record is left so)."""
+    record = read_claim_record(claimed.parent)
+    if record is not None and record.final_path != str(final_path):
+        write_claim_record(claimed.parent, ClaimRecord(**{**asdict(record), "final_path": str(final_path)}))
+
+
+def note_parts(claimed: Path, part_ids: list[str]) -> bool:
+    """Name a stack's parts in the record of the claim ``claimed`` lies in (blocking), once their
+    folders are written: whether the stack is still claimed here (a takeover that renamed it away
+    must not have it written back into our claims). A claim without a record (``chandrad once``'s
+    file where it lies) has nothing to note."""
+    if not (claimed.exists() or claimed.is_symlink()):
+        return False
+    record = read_claim_record(claimed.parent)
+    if record is not None and record.parts != part_ids:
+        write_claim_record(claimed.parent, ClaimRecord(**{**asdict(record), "parts": part_ids}))
+    return True
+
+
+def part_listed(claim_folder: Path, record: ClaimRecord) -> bool:
+    """Whether the part in ``claim_folder`` is one its stack's record (its folder beside this one,
+    in the same host's claims) lists: a document, not a leftover of a split cut short (blocking)."""
+    if record.split_from is None:
+        return True
+    stack = read_claim_record(claim_folder.parent / str(record.split_from.get("parent")))
+    return stack is not None and claim_folder.name in (stack.parts or [])
 
 
 def claimed_file(claim_folder: Path) -> Path | None:
@@ -192,6 +231,8 @@ async def journal_claim(runtime: Runtime, inbox: InboxSettings, claim_folder: Pa
     original = await runtime.on_inbox(inbox.path, claimed_file, claim_folder)
     if record is None or original is None:
         return None
+    if not await runtime.on_inbox(inbox.path, part_listed, claim_folder, record):
+        return None  # its stack is split again (the same part rewritten), not yet: not a document
     journal, doc_id = runtime.journal, claim_folder.name
     doc = await journal.call(journal.find, doc_id)
     if doc is None:
@@ -208,10 +249,15 @@ async def journal_claim(runtime: Runtime, inbox: InboxSettings, claim_folder: Pa
     elif doc.state in FINAL_STATES:
         log.warning("a claimed file belongs to a final document; leaving it", doc=doc_id, path=str(original))
         return None
-    state = "publishing" if record.output_dir else "queued"
-    if doc.state in ("queued", "publishing") and doc.claimed_path is not None:
+    # A stack whose parts are listed waits for them (split), never split again.
+    state = "publishing" if record.output_dir else "split" if record.parts else "queued"
+    if doc.state in ("queued", "publishing", "split") and doc.claimed_path is not None:
         state = doc.state
     fields: dict[str, Any] = {"claimed_path": str(original), "next_attempt_at": 0.0}
     if record.output_dir:
         fields["output_dir"] = record.output_dir
+    if record.final_path:
+        fields["final_path"] = record.final_path
+    if record.split_from is not None:
+        fields |= {"parent_id": str(record.split_from["parent"]), "split_from": json.dumps(record.split_from)}
     return await journal.call(journal.set_state, doc_id, state, **fields)

@@ -24,9 +24,9 @@ import structlog
 
 from chandrad.config import InboxSettings
 from chandrad.errors import InboxUnreachableError
-from chandrad.hosts.claims import claimed_file, held_by_another, journal_claim
+from chandrad.hosts.claims import claimed_file, held_by_another, journal_claim, read_claim_record
 from chandrad.hosts.identity import heartbeat_interval, instance_id, machine_id, pid_space
-from chandrad.runtime import Runtime, now_iso
+from chandrad.runtime import Runtime, now_iso, remove_claim_folder
 from chandrad.storage import folders
 from chandrad.storage.durable import fsync_dir, makedirs_durably, write_file_durably
 
@@ -144,6 +144,38 @@ def _take_folder(inbox_path: Path, dead: str, me: str, doc_id: str) -> Path | No
     return target
 
 
+def _stack_parts(inbox_path: Path, dead: str, stack_folder: Path) -> tuple[list[str], list[str]]:
+    """The parts of the stack just taken into ``stack_folder`` that are still in the dead host's
+    claims (blocking): those its record lists, and the leftovers of a split cut short."""
+    stack = read_claim_record(stack_folder)
+    listed = set(stack.parts or []) if stack is not None else set()
+    prefix = f"{stack_folder.name}-"
+    try:
+        names = [name for name in os.listdir(folders.host_claims(inbox_path, dead)) if name.startswith(prefix)]
+    except OSError:
+        return [], []
+    parts: list[str] = []
+    leftovers: list[str] = []
+    for name in sorted(names):
+        record = read_claim_record(folders.claim_dir(inbox_path, dead, name))
+        if record is None:
+            leftovers.append(name)  # cut short between its PDF and its record: a copy, never listed
+        elif (record.split_from or {}).get("parent") == stack_folder.name:
+            (parts if name in listed else leftovers).append(name)
+    return parts, leftovers
+
+
+def _remove_leftover_parts(inbox_path: Path, dead: str, part_ids: list[str]) -> None:
+    """Part folders of a split the stack's record never committed: copies of the stack's own pages,
+    written again when the stack is split again (blocking)."""
+    for part_id in part_ids:
+        folder = folders.claim_dir(inbox_path, dead, part_id)
+        original = claimed_file(folder)
+        if original is not None:
+            original.unlink(missing_ok=True)
+        remove_claim_folder(folder)
+
+
 class Hosts:
     """The hosts task: our heartbeat on every inbox, the other hosts' watched, the dead ones'
     documents taken over. ``on_taken`` hands a taken-over document's id to the workers."""
@@ -232,23 +264,42 @@ class Hosts:
             if not self.watch.is_dead(inbox.path, dead):
                 log.info("a host came back during its takeover; leaving it the rest", inbox=inbox.name, host=dead)
                 return
+            dead_folder = folders.claim_dir(inbox.path, dead, doc_id)
+            record = await self.runtime.on_inbox(inbox.path, read_claim_record, dead_folder)
+            if record is None or record.split_from is not None:
+                # Gone meanwhile (another survivor's), or a batch scan's part: it goes with its stack.
+                continue
             # No deadline here: a rename given up on while its thread goes on would leave a folder of
             # ours that is journaled only at the next start.
             folder = await self.runtime.on_inbox(inbox.path, _take_folder, inbox.path, dead, me, doc_id)
             if folder is None:
                 continue
-            doc = await journal_claim(self.runtime, inbox, folder)
-            await asyncio.to_thread(
-                shutil.rmtree, folders.host_staging(inbox.outbox, dead) / doc_id, True
-            )  # the dead host's half-made outputs: processed from the start here
-            unchanged = self.watch.unchanged_for(inbox.path, dead) or 0.0
-            log.warning(
-                "took over a document of a host that stopped",
-                doc=doc_id,
-                inbox=inbox.name,
-                host=dead,
-                file=doc.rel_path if doc else None,
-                heartbeat_unchanged_s=round(unchanged, 1),
-            )
-            if doc is not None:
-                self.on_taken(doc.id)
+            taken = [folder]
+            # A batch scan's stack takes its parts along: the ones its record lists are documents
+            # (journaled before the stack, which completes once none of its parts is pending); any
+            # other is a leftover of a split cut short (the stack is split again here).
+            listed, leftovers = await self.runtime.on_inbox(inbox.path, _stack_parts, inbox.path, dead, folder)
+            for part_id in listed:
+                part_folder = await self.runtime.on_inbox(inbox.path, _take_folder, inbox.path, dead, me, part_id)
+                if part_folder is not None:
+                    taken.insert(0, part_folder)
+            await self.runtime.on_inbox(inbox.path, _remove_leftover_parts, inbox.path, dead, leftovers)
+            for taken_folder in taken:
+                await self._journal_taken(inbox, dead, taken_folder)
+
+    async def _journal_taken(self, inbox: InboxSettings, dead: str, folder: Path) -> None:
+        doc = await journal_claim(self.runtime, inbox, folder)
+        await asyncio.to_thread(
+            shutil.rmtree, folders.host_staging(inbox.outbox, dead) / folder.name, True
+        )  # the dead host's half-made outputs: processed from the start here
+        unchanged = self.watch.unchanged_for(inbox.path, dead) or 0.0
+        log.warning(
+            "took over a document of a host that stopped",
+            doc=folder.name,
+            inbox=inbox.name,
+            host=dead,
+            file=doc.rel_path if doc else None,
+            heartbeat_unchanged_s=round(unchanged, 1),
+        )
+        if doc is not None:
+            self.on_taken(doc.id)
