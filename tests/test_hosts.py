@@ -160,18 +160,22 @@ def test_a_killed_hosts_claims_are_taken_over_and_published_once_and_never_again
 def kill_a_host_and_check_the_takeover(
     first: DaemonProcess, second: DaemonProcess, names: list[str], drop: Callable[[], None]
 ) -> str:
-    """Both hosts (takeover_seconds = 3) started, ``names`` dropped by ``drop``; host-a killed with
-    SIGKILL mid-run: host-b takes its claims over, not sooner than takeover_seconds allow, and
-    publishes them; host-a restarted neither processes them again nor reports them. Shared by the
+    """Both hosts (takeover_seconds = 3) started (host-b once host-a holds claims), ``names``
+    dropped by ``drop``; host-a killed with SIGKILL mid-run: host-b takes its claims over, not
+    sooner than takeover_seconds allow, and publishes them; host-a restarted neither processes them again nor reports them. Shared by the
     local inbox and the Samba share; returns the figures."""
     first.start()
-    second.start()
     drop()
     claims = folders.host_claims(first.inbox, "host-a")
 
     def claimed_by_first() -> list[str]:
         return [p.name for p in claims.iterdir() if p.is_dir()] if claims.exists() else []
 
+    # host-b starts once host-a holds claims: intake claims a burst in batches (up to 32 at once),
+    # so of two hosts started together the first to see the burst may take all of it, and host-a
+    # would have nothing to be killed with (seen 1 run in 4).
+    wait_for(lambda: len(claimed_by_first()) >= 3, 60, "host-a to claim part of the burst")
+    second.start()
     wait_for(lambda: published_by(first) >= 3 and len(claimed_by_first()) >= 3, 60, "host-a in the middle of work")
     killed_at = time.time()  # before the signal: host-a may beat once more until it is dead
     first.kill9()
