@@ -278,7 +278,10 @@ class Hosts:
             # A batch scan's stack takes its parts along: the ones its record lists are documents
             # (journaled before the stack, which completes once none of its parts is pending); any
             # other is a leftover of a split cut short (the stack is split again here).
-            listed, leftovers = await self.runtime.on_inbox(inbox.path, _stack_parts, inbox.path, dead, folder)
+            listed: list[str] = []
+            leftovers: list[str] = []
+            if inbox.split_on or record.parts:  # else no part of it can exist: no listing per document
+                listed, leftovers = await self.runtime.on_inbox(inbox.path, _stack_parts, inbox.path, dead, folder)
             for part_id in listed:
                 part_folder = await self.runtime.on_inbox(inbox.path, _take_folder, inbox.path, dead, me, part_id)
                 if part_folder is not None:
