@@ -471,6 +471,32 @@ class PreparedDocument:
             return render_pdf_page(self.source, page_no, settings)
 
 
+def prepare_as_is(
+    original: Path, work_dir: Path, compress: str, settings: PrepareSettings, password: str | None = None
+) -> PreparedDocument | None:
+    """The claimed original as it will be read, when it needs no rewrite (an image; a healthy PDF
+    without form fields in lossless mode: most scans), else None (``prepare_document`` rewrites it).
+    Blocking (one ``pdfinfo``-like probe in a child): run it in a thread. Cheap next to a rewrite, so
+    the daemon runs it without waiting for one of the few Ghostscript slots (``prepare.workers``)."""
+    size = original.lstat().st_size
+    if size > settings.max_file_mb * 1024 * 1024:
+        raise PermanentError(
+            f"the file is {size / 2**20:.0f} MB, more than max_file_mb = {settings.max_file_mb}", stage="sniff"
+        )
+    if sniff(original) == "image":
+        return PreparedDocument("image", original, image_frame_count(original, settings))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    if compress != "lossless":
+        return None
+    try:
+        info = pdf_info(original, settings, password)
+    except UnreadablePdfError:
+        return None  # damaged: Ghostscript's repair is the only hope
+    if info.has_form:
+        return None
+    return PreparedDocument("pdf", original, info.pages, password, work_dir / "normalised.pdf", compress)
+
+
 def prepare_document(
     original: Path, work_dir: Path, compress: str, settings: PrepareSettings, password: str | None = None
 ) -> PreparedDocument:
@@ -480,15 +506,18 @@ def prepare_document(
     or a lossy ``compress`` preset was chosen. A healthy PDF in lossless mode is rendered as it is:
     rewriting it costs more than rendering it (5.7 s for 24 scanned pages) and changes nothing.
     """
-    size = original.lstat().st_size
-    if size > settings.max_file_mb * 1024 * 1024:
-        raise PermanentError(
-            f"the file is {size / 2**20:.0f} MB, more than max_file_mb = {settings.max_file_mb}", stage="sniff"
-        )
-    doc_type = sniff(original)
-    if doc_type == "image":
-        return PreparedDocument("image", original, image_frame_count(original, settings))
+    return prepare_as_is(original, work_dir, compress, settings, password) or rewrite_document(
+        original, work_dir, compress, settings, password
+    )
 
+
+def rewrite_document(
+    original: Path, work_dir: Path, compress: str, settings: PrepareSettings, password: str | None = None
+) -> PreparedDocument:
+    """A PDF ``prepare_as_is`` could not take as it is, through Ghostscript (repair, flatten, or a
+    lossy ``compress``); the original as it is where the rewrite cannot help or comes out larger.
+    Blocking: run it in a thread, in one of ``prepare.workers`` slots."""
+    size = original.lstat().st_size
     work_dir.mkdir(parents=True, exist_ok=True)
     normalised = work_dir / "normalised.pdf"
     try:
