@@ -6,6 +6,7 @@ test runs the real tesseract engine end to end."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import io
 import json
@@ -407,3 +408,30 @@ async def test_figures_lost_from_staging_make_the_publish_step_redo_those_pages(
     assert engine.pages_read == [2]
     images = [name for page in document_json(outcome.output_dir)["pages"] for name in page["images"]]
     assert len(images) == 2 and all((outcome.output_dir / name).is_file() for name in images)
+
+
+async def test_an_original_read_as_it_is_is_prepared_while_every_ghostscript_slot_is_held(world: World) -> None:
+    """prepare.workers bounds Ghostscript's rewrites, not the probe of a healthy scan: a burst of
+    one-page PDFs must not queue behind the slots while the engine waits for pages (H100 host:
+    192 dropped PDFs waited up to 9 s behind 2 slots). A PDF that needs a rewrite (here: a lossy
+    ``compress``) still waits for one."""
+    stages = world.stages(PageEngine())
+    scan = world.work((await world.take_in("scan.pdf", simple_pdf(1, label="scan"))).id)
+    image = world.work((await world.take_in("photo.png", text_png("A photo"))).id)
+    for _ in range(world.settings.prepare.workers):
+        await stages.prepare_slots.acquire()  # every slot held: as by long Ghostscript rewrites
+    async with asyncio.timeout(60):
+        await stages.prepare(scan)
+        await stages.prepare(image)
+    assert (scan.doc.state, scan.doc.page_count, image.doc.page_count) == ("inferring", 1, 1)
+    assert scan.prepared is not None and scan.prepared.source == scan.claimed, "read as it is, not rewritten"
+
+    lossy = world.work((await world.take_in("lossy.pdf", simple_pdf(1, label="lossy"))).id)
+    lossy.inbox = lossy.inbox.model_copy(update={"compress": "ebook"})
+    waiting = asyncio.create_task(stages.prepare(lossy))
+    await asyncio.sleep(1.0)
+    assert not waiting.done(), "a rewrite waits for a Ghostscript slot"
+    stages.prepare_slots.release()
+    async with asyncio.timeout(120):
+        await waiting
+    assert (lossy.doc.state, lossy.doc.page_count) == ("inferring", 1)
