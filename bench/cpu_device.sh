@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Device side of the CPU benches (run by the `device` tool's `run`, from the repo root), on the GPU
+# machine's cores with the GPU idle: bench/prepare.py --parallel and bench/intake.py (a burst of
+# FILES, default 1 000) from the committed snapshot in .bench-carry/src (bench/stage-device.sh),
+# chandrad's deps in /root/site (bench/gpu.sh install) and the tools bundle of bench/stage-tools.sh.
+#   first, per part: carry [".tesspackK"], `mkdir -p /root/tesspack && cp .tesspackK/* /root/tesspack/`
+#   then:            TESS_SETUP=1 bash bench/cpu_device.sh      (carry .whl and .bench-carry)
+# Results into $OUT: cpu-env.txt, prepare-parallel.json, intake-burst.json, intake-daemon-logs.tar.gz.
+set -uo pipefail
+B=${TESS:-/root/tess}
+OUT=${OUT:-/tmp/cpu-out}; mkdir -p "$OUT"
+if [ -n "${TESS_SETUP:-}" ] && [ ! -x $B/bin/tesseract ]; then
+  mkdir -p $B && cat /root/tesspack/tb.part.* | tar xJf - -C $B || { echo "tools bundle: unpack failed"; exit 1; }
+fi
+export PATH=$B/bin:$PATH LD_LIBRARY_PATH=$B/lept TESSDATA_PREFIX=$B/tessdata PYTHONUNBUFFERED=1
+export GS_LIB=$B/gs/Resource/Init:$B/gs/lib:$B/gs/Resource/Font
+export GS_OPTIONS="-sGenericResourceDir=$B/gs/Resource/ -sICCProfilesDir=$B/gs/iccprofiles/"
+SRC=$PWD/.bench-carry/src
+export PYTHONPATH=$SRC:${SITEDIR:-/root/site}
+{
+  cat "$SRC/SOURCE.txt"; echo "cores $(nproc)"; lscpu | grep -E "Model name|^CPU\(s\)"; python3 -V
+  tesseract --version 2>&1 | head -2; gs --version; pdftoppm -v 2>&1 | head -1
+  python3 -c "from chandrad.scan import leptonica; print('leptonica available:', leptonica.available())"
+} 2>&1 | tee "$OUT/cpu-env.txt"
+echo "== prepare --parallel"
+timeout -k 10 ${PREP_LIMIT:-180} python3 bench/prepare.py --parallel --rounds ${ROUNDS:-10} \
+  --json "$OUT/prepare-parallel.json" 2>&1 | tail -25
+echo "== intake burst ${FILES:-1000}"
+KEEP=/root/intake-keep; rm -rf $KEEP
+timeout -k 10 ${INTAKE_LIMIT:-240} python3 bench/intake.py --src "$SRC" --files ${FILES:-1000} \
+  --repeat ${REPEAT:-3} --until ${UNTIL:-queued} --out "$OUT/intake-burst.json" --keep $KEEP 2>&1 | tail -8
+(cd $KEEP 2>/dev/null && tar czf "$OUT/intake-daemon-logs.tar.gz" */daemon.log) 2>/dev/null
+true
