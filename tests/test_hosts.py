@@ -24,7 +24,7 @@ from PIL import Image, ImageDraw
 
 from chandrad.config import EngineSettings, InboxSettings, Settings
 from chandrad.errors import ConfigError, InboxUnreachableError
-from chandrad.hosts import identity
+from chandrad.hosts import claims, identity
 from chandrad.hosts.identity import check_host_id_free
 from chandrad.hosts.seen import mark_seen
 from chandrad.hosts.takeover import Hosts, HostWatch
@@ -553,3 +553,16 @@ def test_a_survivor_whose_takeover_came_second_leaves_the_winners_marker_as_the_
     marker = _json.loads(folders.taken_marker(inbox, "dead", "doc1").read_text())
     assert marker["host_id"] == "winner" and marker["renamed"] is True
     assert (folders.claim_dir(inbox, "winner", "doc1") / "scan.pdf").exists()
+
+
+def test_a_claim_record_with_keys_this_version_does_not_know_is_still_read(tmp_path):
+    """A newer chandrad on the same share writes keys this one has never heard of: the document must
+    still be taken over (its path, hash and size are what a takeover needs), not left stranded."""
+    folder = tmp_path / "claim"
+    record = claims.ClaimRecord("letters/scan.pdf", "ab" * 32, 1234, 5, "inbox", 1.5, "host-a", final_path="/a/b.pdf")
+    claims.write_claim_record(folder, record)
+    written = json.loads(folders.claim_record(folder).read_text())
+    folders.claim_record(folder).write_text(json.dumps({**written, "from_a_later_version": {"x": 1}}))
+    assert claims.read_claim_record(folder) == record
+    folders.claim_record(folder).write_text(json.dumps(["not", "a", "record"]))
+    assert claims.read_claim_record(folder) is None, "unreadable is None, never an exception"

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 from dataclasses import asdict, dataclass
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +82,14 @@ def write_claim_record(claim_folder: Path, record: ClaimRecord) -> None:
 
 
 def read_claim_record(claim_folder: Path) -> ClaimRecord | None:
+    """The record in ``claim_folder``, or None (none, or unreadable). Keys this chandrad does not
+    know (written by a newer one on a shared inbox) are left out, not a reason to give up the
+    document: what a takeover needs is in the keys every version writes."""
     try:
         values = json.loads(folders.claim_record(claim_folder).read_text(encoding="utf-8"))
-        return ClaimRecord(**values)
-    except (OSError, ValueError, TypeError):
+        known = {field.name for field in dataclass_fields(ClaimRecord)}
+        return ClaimRecord(**{key: value for key, value in values.items() if key in known})
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
 
 
