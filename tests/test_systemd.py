@@ -181,8 +181,16 @@ def test_metrics_are_served_on_the_configured_address(daemon_factory):
     daemon = daemon_factory(extra_config=f'metrics_address = "127.0.0.1:{port}"').start()
     drop(corpus_file("trivial.pdf"), daemon.inbox)
     wait_for(lambda: daemon.settled_all(1), 120, "a document")
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    assert 'chandrad_documents_total{inbox="inbox",outcome="published"} 1.0' in body
+
+    def metrics() -> str:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+    # The worker counts a document once its journey has returned, a moment after the journal says
+    # published (its folders are cleared in between): the count comes, not necessarily first.
+    published = 'chandrad_documents_total{inbox="inbox",outcome="published"} 1.0'
+    wait_for(lambda: published in metrics(), 30, "the published document counted")
+    body = metrics()
+    assert published in body
     assert 'chandrad_pages_total{outcome="ok"} 1.0' in body
     assert 'chandrad_stage_seconds_count{stage="page"} 1.0' in body
     assert "chandrad_queue_depth" in body and "chandrad_engine_restarts" in body
