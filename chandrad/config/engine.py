@@ -142,8 +142,9 @@ class PrepareSettings(StrictModel):
     # Address space each gs/pdftoppm/pdfinfo run may use (MiB; 0 = no limit): a hostile PDF fails
     # with a reason instead of waking the kernel's OOM killer on a GPU server.
     tool_memory_mb: int = Field(default=4096, ge=0)
-    # Documents rewritten by Ghostscript or read for their own text at once (stages.prepare); a
-    # healthy scan, read as it is, waits for none of these slots.
+    # Documents rewritten by Ghostscript at once (stages.prepare); a healthy scan, read as it is,
+    # and every PDF's own text read wait for none of these slots (they take a reader thread, one
+    # per core, as page renders do).
     workers: int = Field(default=2, ge=1)
     # A page is turned upright (an inbox's rotate_pages) only when tesseract's orientation
     # confidence reaches this. OCRmyPDF's default is 14, paperless-ngx's 12; measured on the
