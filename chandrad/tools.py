@@ -14,6 +14,7 @@ from typing import Any
 
 from chandrad.config import PrepareSettings
 from chandrad.errors import PermanentError, ToolTimeoutError, TransientError
+from chandrad.priority import lower_priority
 
 # The programs a document's processing has running right now, so that stopping it can kill them.
 # ``asyncio.to_thread`` copies the caller's context into the worker thread, so a set placed here by
@@ -61,7 +62,7 @@ def run_tool(
     the whole group: a wrapper script's children (or a tool's helpers) must not outlive it holding
     our pipes open. ``tool_memory_mb`` caps its address space (RLIMIT_AS): a hostile PDF makes
     Ghostscript fail with a reason instead of pushing the machine into the OOM killer; running out
-    of it is permanent.
+    of it is permanent. It runs at a lower CPU priority than the daemon (``priority.lower_priority``).
     """
     timeout, memory_mb = settings.subprocess_timeout_seconds, settings.tool_memory_mb
     try:
@@ -77,6 +78,7 @@ def run_tool(
         raise TransientError(
             f"{args[0]} is not installed; install it (chandrad check lists what is missing)", stage=stage
         ) from None
+    lower_priority(proc.pid)
     if memory_mb:
         # Set from outside right after the start (no preexec_fn: unsafe in a threaded daemon).
         try:

@@ -27,6 +27,7 @@ from PIL import Image
 
 from chandrad.engine.base import EngineStatus, PageRequest, PageResult
 from chandrad.errors import PermanentError, TransientError
+from chandrad.priority import lower_priority
 
 _BBOX = re.compile(r"bbox (\d+) (\d+) (\d+) (\d+)")
 
@@ -139,6 +140,7 @@ class TesseractEngine:
             stderr=asyncio.subprocess.PIPE,
             env=env,
         )
+        lower_priority(proc.pid)  # beside intake and the loop, the daemon's own threads come first
         try:
             async with asyncio.timeout(self.timeout_s):
                 out, err = await proc.communicate(stdin)
