@@ -17,6 +17,7 @@ export GS_LIB=$B/gs/Resource/Init:$B/gs/lib:$B/gs/Resource/Font
 export GS_OPTIONS="-sGenericResourceDir=$B/gs/Resource/ -sICCProfilesDir=$B/gs/iccprofiles/"
 SRC=$PWD/.bench-carry/src
 export PYTHONPATH=$SRC:${SITEDIR:-/root/site}
+export CHANDRAD_CORPUS=$PWD/.bench-carry/corpus
 {
   cat "$SRC/SOURCE.txt"; echo "cores $(nproc)"; lscpu | grep -E "Model name|^CPU\(s\)"; python3 -V
   tesseract --version 2>&1 | head -2; gs --version; pdftoppm -v 2>&1 | head -1

@@ -15,6 +15,9 @@ REV=${REV:-HEAD}
 git archive "$REV" chandrad | tar x -C .bench-carry/src
 echo "chandrad at commit $(git rev-parse "$REV") ($(git log -1 --format=%s "$REV")), taken $(date -u +%FT%TZ)" > .bench-carry/src/SOURCE.txt
 cp ../shared/device/make_model.py .bench-carry/
+# The scans bench/prepare.py --parallel reads (2.3 MiB; bench/cpu_device.sh points CHANDRAD_CORPUS here).
+mkdir -p .bench-carry/corpus && (cd ../shared/corpus && cp linn.pdf c02-22.pdf cardinal.pdf lichtenstein.pdf kcs.pdf \
+  francais.pdf skew.pdf multipage.pdf epson.pdf ccitt.pdf jbig2.pdf "$OLDPWD/.bench-carry/corpus/")
 cp /usr/bin/pdftoppm /usr/bin/pdfinfo .bench-carry/poppler/bin/
 ldd /usr/bin/pdftoppm /usr/bin/pdfinfo | awk '/=>/{print $3}' | sort -u \
   | grep -v -E '/(libc|libm|libgcc_s|libstdc\+\+|libpthread|libdl|librt)\.so' \
