@@ -120,17 +120,32 @@ sample_stacks() {
   done
 }
 
+# PYSPY=SECONDS: once `chandrad run` is up, py-spy records the daemon's own process (every thread,
+# without pausing it) for that long, as collapsed stacks in $OUT/NAME-daemon-pyspy.txt: where the
+# daemon's CPU goes during a wave (bench/NOTES-overhead.md). Needs ptrace; the file says why if not.
+record_daemon() {
+  local name=$1 seconds=$2 pid= t=0
+  while [ -z "$pid" ] && [ $t -lt 600 ]; do pid=$(pgrep -f -- '-m chandrad run' | head -1); sleep 0.5; t=$((t + 1)); done
+  [ -n "$pid" ] || { echo "no chandrad run process" > $OUT/$name-daemon-pyspy.txt; return; }
+  # the engine's start first: the record is of the wave (a page done means the engine answers)
+  while ! grep -q '"page done"' /root/work-$name/daemon/daemon.log 2>/dev/null && kill -0 "$pid" 2>/dev/null; do sleep 0.5; done
+  /root/site/bin/py-spy record --nonblocking --threads --rate 50 --format raw --duration "$seconds" \
+    --pid "$pid" -o $OUT/$name-daemon-pyspy.txt > $OUT/$name-daemon-pyspy.log 2>&1
+}
+
 bench() {
   local name=$1; shift
   setup_poppler
-  local sampler=
+  local sampler= recorder=
   if [ -n "${STACKS:-}" ]; then sample_stacks "$name" "$STACKS" </dev/null >/dev/null 2>&1 & sampler=$!; fi
+  if [ -n "${PYSPY:-}" ]; then record_daemon "$name" "$PYSPY" </dev/null >/dev/null 2>&1 & recorder=$!; fi
   nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu,clocks.sm --format=csv
   python3 bench/overhead.py --src $SRC --model $MODEL --arch chandra2-like --gpu --load-format dummy \
     --drop $DROP --engine-arg gdn_prefill_backend=triton --out $OUT/$name.json --workdir /root/work-$name \
     --label "$name" "$@" > $OUT/$name.log 2>&1
   local rc=$?
   [ -n "$sampler" ] && { kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null; }
+  [ -n "$recorder" ] && { kill "$recorder" 2>/dev/null; wait "$recorder" 2>/dev/null; }
   cp /root/work-$name/daemon/daemon.log $OUT/$name-daemon.log 2>/dev/null
   grep -E "^\[|^daemon/bare|^micro|pages of|FAILED|Error|error" $OUT/$name.log | grep -v "^RESULT" | tail -40
   tail -c 6000 $OUT/$name.log | grep -E "^RESULT" | cut -c1-4000

@@ -442,3 +442,30 @@ def test_a_memory_watermark_recycles_the_engine_and_documents_still_complete(dae
     document = json.loads((daemon.outbox / "cardinal" / "cardinal.json").read_text())
     assert document["num_pages"] == 4 and all(page["output_tokens"] > 0 for page in document["pages"])
     assert daemon.stop() == 0
+
+
+def test_torch_in_the_daemons_process_runs_one_thread_once_the_engines_run_unless_the_admin_chose():
+    """The renderer threads' image processing must not wake a spinning OpenMP pool per page beside
+    the page renders (vLLM does the same for its own workers); an admin's OMP_NUM_THREADS stands."""
+    probe = (
+        "import threading, torch\n"
+        "from chandrad.engine.vllm import one_torch_thread_in_front_end\n"
+        "before = torch.get_num_threads()\n"
+        "one_torch_thread_in_front_end()\n"
+        "seen = []\n"
+        "thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))\n"
+        "thread.start(); thread.join()\n"
+        "print(before, seen[0])\n"
+    )
+
+    def threads(**env_extra: str) -> tuple[int, int]:
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | env_extra
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+        before, after = out.stdout.splitlines()[-1].split()
+        return int(before), int(after)
+
+    before, after = threads()
+    assert after == 1, "a renderer thread sees one torch thread"
+    if (os.cpu_count() or 1) > 1:
+        assert before > 1, "torch's default was more than one thread here: the change is what made it one"
+        assert threads(OMP_NUM_THREADS="2") == (2, 2), "the admin's choice is kept"

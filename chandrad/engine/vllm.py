@@ -165,6 +165,7 @@ class VllmEngine:
                 # load on unwatched (see below).
                 instance = await asyncio.shield(loading[spec.name])
                 (self._encoders if spec.role == "encoder" else self._instances).append(instance)
+            one_torch_thread_in_front_end()
             await self._warm_up()
         except BaseException:
             # A stop, a start timeout or a sibling's failure: nobody wants the engines still loading.
@@ -434,6 +435,25 @@ class VllmEngine:
                 min_count=self.settings.repetition_min_count,
             )
         }
+
+
+def one_torch_thread_in_front_end() -> None:
+    """Torch in the daemon's process at one intra-op thread, once the engines run in their own.
+
+    vLLM's renderer threads (``engine.renderer_workers``) put each page through the model's image
+    processor here, with torch at its default of a thread per core. Every such op wakes an OpenMP
+    pool whose workers spin after it; vLLM sets its own workers to one thread for that reason
+    (``set_torch_threads_for_runtime``) but leaves the front end's process as it is. Beside a burst
+    of page renders (children at a lower priority) those spinning workers take the cores the
+    renders need. An admin's ``OMP_NUM_THREADS`` is kept (the CPU build sets it: ``CPU_ENV``).
+    """
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    import torch
+
+    if torch.get_num_threads() != 1:
+        log.info("torch in the daemon's process set to one thread", was=torch.get_num_threads())
+        torch.set_num_threads(1)
 
 
 def _server_sampling_defaults(llm: Any) -> dict[str, Any]:
