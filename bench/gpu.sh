@@ -121,16 +121,21 @@ sample_stacks() {
 }
 
 # PYSPY=SECONDS: once `chandrad run` is up, py-spy records the daemon's own process (every thread,
-# without pausing it) for that long, as collapsed stacks in $OUT/NAME-daemon-pyspy.txt: where the
+# without pausing it) for that long, as collapsed stacks in $OUT/NAME-daemon-pyspy-{cpu,gil}.txt (on-CPU; holding the GIL): where the
 # daemon's CPU goes during a wave (bench/NOTES-overhead.md). Needs ptrace; the file says why if not.
 record_daemon() {
   local name=$1 seconds=$2 pid= t=0
   while [ -z "$pid" ] && [ $t -lt 600 ]; do pid=$(pgrep -f -- '-m chandrad run' | head -1); sleep 0.5; t=$((t + 1)); done
-  [ -n "$pid" ] || { echo "no chandrad run process" > $OUT/$name-daemon-pyspy.txt; return; }
+  [ -n "$pid" ] || { echo "no chandrad run process" > $OUT/$name-daemon-pyspy-cpu.txt; return; }
   # the engine's start first: the record is of the wave (a page done means the engine answers)
   while ! grep -q '"page done"' /root/work-$name/daemon/daemon.log 2>/dev/null && kill -0 "$pid" 2>/dev/null; do sleep 0.5; done
-  /root/site/bin/py-spy record --nonblocking --threads --rate 50 --format raw --duration "$seconds" \
-    --pid "$pid" -o $OUT/$name-daemon-pyspy.txt > $OUT/$name-daemon-pyspy.log 2>&1
+  local kind flag
+  for kind in cpu gil; do
+    flag=; [ $kind = gil ] && flag=--gil
+    /root/site/bin/py-spy record --nonblocking --threads $flag --rate 50 --format raw --duration "$seconds" \
+      --pid "$pid" -o $OUT/$name-daemon-pyspy-$kind.txt > $OUT/$name-daemon-pyspy-$kind.log 2>&1 &
+  done
+  wait
 }
 
 bench() {
