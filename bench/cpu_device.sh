@@ -41,6 +41,8 @@ if [ -n "${PYSPY:-}" ]; then
     done; wait ) </dev/null >/dev/null 2>&1 &
 fi
 timeout -k 10 ${INTAKE_LIMIT:-240} python3 bench/intake.py --src "$SRC" --files ${FILES:-1000} \
-  --repeat ${REPEAT:-3} --until ${UNTIL:-queued} --out "$OUT/intake-burst.json" --keep $KEEP 2>&1 | tail -8
-(cd $KEEP 2>/dev/null && tar czf "$OUT/intake-daemon-logs.tar.gz" */daemon.log) 2>/dev/null
+  --repeat ${REPEAT:-3} --until ${UNTIL:-queued} --out "$OUT/intake-burst.json" --keep $KEEP \
+  ${PYSPY:+--spy /root/site/bin/py-spy} 2>&1 | tail -8
+# PYSPY=1: each run's daemon recorded by py-spy during the burst (stacks holding the GIL: gil.txt)
+(cd $KEEP 2>/dev/null && tar czf "$OUT/intake-daemon-logs.tar.gz" */daemon.log $(ls */gil.txt 2>/dev/null)) 2>/dev/null
 true
