@@ -28,18 +28,6 @@ timeout -k 10 ${PREP_LIMIT:-180} python3 bench/prepare.py --parallel --rounds ${
   --json "$OUT/prepare-parallel.json" 2>&1 | tail -25
 echo "== intake burst ${FILES:-1000}"
 KEEP=/root/intake-keep; rm -rf $KEEP
-# PYSPY=SECONDS: the first run's daemon process recorded for that long from its start (its start takes
-# ~2 s, then the burst), on-CPU stacks of every thread and, beside, those holding the GIL: where the
-# intake's time goes while documents render (collapsed stacks, $OUT/intake-pyspy-{cpu,gil}.txt).
-if [ -n "${PYSPY:-}" ]; then
-  ( pid=; t=0
-    while [ -z "$pid" ] && [ $t -lt 600 ]; do pid=$(pgrep -f -- '-m chandrad run' | head -1); sleep 0.1; t=$((t + 1)); done
-    [ -n "$pid" ] && for kind in cpu gil; do
-      flag=; [ $kind = gil ] && flag=--gil
-      /root/site/bin/py-spy record --nonblocking --threads $flag --rate 100 --format raw --duration "$PYSPY" \
-        --pid "$pid" -o "$OUT/intake-pyspy-$kind.txt" > "$OUT/intake-pyspy-$kind.log" 2>&1 &
-    done; wait ) </dev/null >/dev/null 2>&1 &
-fi
 timeout -k 10 ${INTAKE_LIMIT:-240} python3 bench/intake.py --src "$SRC" --files ${FILES:-1000} \
   --repeat ${REPEAT:-3} --until ${UNTIL:-queued} --out "$OUT/intake-burst.json" --keep $KEEP \
   ${PYSPY:+--spy /root/site/bin/py-spy} 2>&1 | tail -8
