@@ -120,9 +120,10 @@ sample_stacks() {
   done
 }
 
-# PYSPY=SECONDS: once `chandrad run` is up, py-spy records the daemon's own process (every thread,
-# without pausing it) for that long, as collapsed stacks in $OUT/NAME-daemon-pyspy-{cpu,gil}.txt (on-CPU; holding the GIL): where the
-# daemon's CPU goes during a wave (bench/NOTES-overhead.md). Needs ptrace; the file says why if not.
+# PYSPY=SECONDS: once the daemon's first page is done, py-spy records its process (every thread,
+# without pausing it) for that long, as collapsed stacks in $OUT/NAME-daemon-pyspy-{cpu,gil}.txt
+# (on-CPU; holding the GIL): where the daemon's CPU goes during a wave (bench/NOTES-overhead.md).
+# Needs ptrace; NAME-daemon-pyspy-{cpu,gil}.log say why if there is no record.
 record_daemon() {
   local name=$1 seconds=$2 pid= t=0
   while [ -z "$pid" ] && [ $t -lt 600 ]; do pid=$(pgrep -f -- '-m chandrad run' | head -1); sleep 0.5; t=$((t + 1)); done
