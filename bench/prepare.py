@@ -6,10 +6,12 @@
 2. Memory: peak RSS of a process that prepares a generated 300-page PDF against a 3-page one.
    Flat memory means the ratio stays near 1.
 3. Pages side by side (``--parallel``): each page of the corpus scans as the daemon's page reader
-   takes it (the PDFium render in its child, the ink measure, orientation by Leptonica and, where
-   it cannot decide, tesseract), on as many threads as there are cores, against ``pdftoppm -r 192``
-   of the same pages on as many threads. Prints pages/s, CPU seconds a page (this process and its
-   children) and what that makes on 16 cores if the work scales with them.
+   takes it (the PDFium render in one of its kept renderer children, the ink measure, orientation
+   by Leptonica and, where it cannot decide, tesseract), on as many threads as there are cores,
+   against ``pdftoppm -r 192`` of the same pages on as many threads; and the same with a renderer
+   child started for every page (``chandrad-child-a-page``, the daemon before the kept renderers).
+   Prints pages/s, CPU seconds a page (this process and its children: the kept renderers are ended
+   before the count is taken) and what that makes on 16 cores if the work scales with them.
 
 Usage: python bench/prepare.py [--pages 24] [--big 300] [--parallel] [--json OUT]
 """
@@ -81,6 +83,7 @@ def parallel(rounds: int) -> dict:
     from chandrad.config import PrepareSettings
     from chandrad.scan.blank import ink_share
     from chandrad.scan.orientation import detect_orientation
+    from chandrad.tools import ToolWorkers
 
     settings = PrepareSettings()
     pages = [
@@ -90,8 +93,10 @@ def parallel(rounds: int) -> dict:
     ] * rounds
     workers = os.cpu_count() or 1
 
+    renderers: ToolWorkers | None = None
+
     def ours(job: tuple[Path, int]) -> str:
-        page = prepare.render_pdf_page(job[0], job[1], settings)
+        page = prepare.render_pdf_page(job[0], job[1], settings, None, renderers)
         grey = page.image.convert("L")
         return detect_orientation(grey, page.dpi, settings, ink_share(grey)).method
 
@@ -100,17 +105,23 @@ def parallel(rounds: int) -> dict:
                        check=True, stdout=subprocess.DEVNULL)
 
     result: dict = {"pages": len(pages), "workers": workers}
-    for label, work in (("pdftoppm", baseline), ("chandrad", ours)):
+    for label, work in (("pdftoppm", baseline), ("chandrad-child-a-page", ours), ("chandrad", ours)):
+        renderers = ToolWorkers(keep=workers) if label == "chandrad" else None
         cpu, started = cpu_seconds(), time.perf_counter()
         with ThreadPoolExecutor(workers) as pool:
             methods = list(pool.map(work, pages))
         wall = time.perf_counter() - started
+        if renderers is not None:
+            renderers.close()  # ended and waited for: their CPU time is counted in RUSAGE_CHILDREN
         per_page = (cpu_seconds() - cpu) / len(pages)
         result[label] = {"pages_per_s": round(len(pages) / wall, 2), "cpu_s_per_page": round(per_page, 3),
                          "pages_per_s_16_cores": round(16 / per_page, 1)}
-        if label == "chandrad":
+        if label.startswith("chandrad"):
             result[label]["orientation_by"] = {m or "none": methods.count(m) for m in set(methods)}
     result["ratio_pages_per_s"] = round(result["chandrad"]["pages_per_s"] / result["pdftoppm"]["pages_per_s"], 2)
+    result["ratio_kept_renderers_to_child_a_page"] = round(
+        result["chandrad"]["pages_per_s"] / result["chandrad-child-a-page"]["pages_per_s"], 2
+    )
     return result
 
 

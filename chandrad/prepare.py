@@ -24,7 +24,7 @@ import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Any, BinaryIO, Literal
 
 import structlog
 from chandra.model.util import scale_to_fit
@@ -34,7 +34,7 @@ from PIL import Image, ImageOps, ImageSequence, UnidentifiedImageError
 from chandrad import pdfium_page
 from chandrad.config import PrepareSettings
 from chandrad.errors import PageTooLargeError, PermanentError, ToolTimeoutError, TransientError, UnreadablePdfError
-from chandrad.tools import killed_from_outside, run_tool
+from chandrad.tools import ToolWorkers, WorkerGoneError, killed_from_outside, ran_out_of_memory, run_tool
 
 # Chandra scales up standalone images whose short side is under this (chandra.input.load_image).
 CHANDRA_MIN_IMAGE_DIM: int = chandra_settings.MIN_IMAGE_DIM
@@ -264,43 +264,113 @@ def renderer_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "chandrad.pdfium_page"]
 
 
-def render_pdf_page(pdf: Path, page_no: int, settings: PrepareSettings, password: str | None = None) -> PageImage:
-    """One page through PDFium, Chandra's renderer, in a child process (``chandrad.pdfium_page``)."""
+@dataclass
+class _RendererAnswer:
+    """What the renderer said about one page, from a one-page run or a serving child alike."""
+
+    returncode: int
+    fields: dict[str, Any]
+    pixels: bytes = b""
+    stderr: str = ""
+
+
+def render_pdf_page(
+    pdf: Path, page_no: int, settings: PrepareSettings, password: str | None = None, workers: ToolWorkers | None = None
+) -> PageImage:
+    """One page through PDFium, Chandra's renderer, in a child process (``chandrad.pdfium_page``):
+    one of ``workers``' serving children when given (the daemon's page reader), else one started
+    for this page."""
+    try:
+        if workers is None:
+            answer = _render_in_child(pdf, page_no, settings, password)
+        else:
+            answer = _render_in_worker(workers, pdf, page_no, settings, password)
+    except ToolTimeoutError:
+        raise ToolTimeoutError(
+            f"rendering page {page_no} took longer than {settings.subprocess_timeout_seconds:.0f} s", stage="render"
+        ) from None
+    if killed := killed_from_outside("the PDF renderer", answer.returncode, "render"):
+        raise TransientError(f"rendering page {page_no}: {killed.reason}", stage="render")
+    if answer.returncode == pdfium_page.EXIT_TOO_LARGE:
+        raise PageTooLargeError(
+            f"page {page_no} is {answer.fields['width_in']:.0f}×{answer.fields['height_in']:.0f} inches: too "
+            f"large to read within max_page_pixels = {settings.max_page_pixels}",
+            stage="render",
+        )
+    if answer.returncode != 0:
+        why = (
+            _last_line(answer.stderr)
+            if answer.returncode > 0
+            else f"the PDF renderer crashed ({_signal_name(answer.returncode)})"
+        )
+        raise PermanentError(f"page {page_no} could not be rendered" + (f" ({why})" if why else ""), stage="render")
+    try:
+        size = (answer.fields["width"], answer.fields["height"])
+        image = Image.frombytes("RGB", size, answer.pixels)
+    except (ValueError, KeyError, TypeError) as error:
+        raise PermanentError(f"page {page_no} could not be rendered ({error})", stage="render") from None
+    return PageImage(page_no, image, float(answer.fields["dpi"]))
+
+
+def _render_in_child(pdf: Path, page_no: int, settings: PrepareSettings, password: str | None) -> _RendererAnswer:
     args = [
         *renderer_command(),
         *(str(pdf), str(page_no), str(settings.dpi), str(settings.min_short_side_px)),
         *(str(settings.max_page_pixels), str(settings.min_dpi)),
     ]
     env = {pdfium_page.PASSWORD_ENV: password} if password else None
-    try:
-        result = run_tool(args, settings, "render", binary=True, env=env)
-    except ToolTimeoutError:
-        raise ToolTimeoutError(
-            f"rendering page {page_no} took longer than {settings.subprocess_timeout_seconds:.0f} s", stage="render"
-        ) from None
-    if killed := killed_from_outside("the PDF renderer", result.returncode, "render"):
-        raise TransientError(f"rendering page {page_no}: {killed.reason}", stage="render")
+    result = run_tool(args, settings, "render", binary=True, env=env)
     if result.returncode == pdfium_page.EXIT_TOO_LARGE:
-        size = json.loads(result.stdout)
-        raise PageTooLargeError(
-            f"page {page_no} is {size['width_in']:.0f}×{size['height_in']:.0f} inches: too large to read "
-            f"within max_page_pixels = {settings.max_page_pixels}",
-            stage="render",
-        )
+        return _RendererAnswer(result.returncode, _json_fields(result.stdout))
     if result.returncode != 0:
-        why = (
-            _last_line(result.stderr)
-            if result.returncode > 0
-            else f"the PDF renderer crashed ({_signal_name(result.returncode)})"
-        )
-        raise PermanentError(f"page {page_no} could not be rendered" + (f" ({why})" if why else ""), stage="render")
+        return _RendererAnswer(result.returncode, {}, stderr=result.stderr)
     header, _, pixels = result.stdout.partition(b"\n")
+    return _RendererAnswer(0, _json_fields(header), pixels)
+
+
+def _json_fields(text: bytes) -> dict[str, Any]:
     try:
-        meta = json.loads(header)
-        image = Image.frombytes("RGB", (meta["width"], meta["height"]), pixels)
-    except (ValueError, KeyError, TypeError) as error:
-        raise PermanentError(f"page {page_no} could not be rendered ({error})", stage="render") from None
-    return PageImage(page_no, image, float(meta["dpi"]))
+        fields = json.loads(text)
+    except ValueError:
+        return {}
+    return fields if isinstance(fields, dict) else {}
+
+
+def _render_in_worker(
+    workers: ToolWorkers, pdf: Path, page_no: int, settings: PrepareSettings, password: str | None
+) -> _RendererAnswer:
+    command = (*renderer_command(), "--serve")
+    request = {
+        "pdf": str(pdf),
+        "page": page_no,
+        "dpi": settings.dpi,
+        "min_short_side_px": settings.min_short_side_px,
+        "max_page_pixels": settings.max_page_pixels,
+        "min_dpi": settings.min_dpi,
+        "password": password,
+    }
+    fresh = False
+    while True:
+        worker = workers.take(command, settings.tool_memory_mb, "render", fresh=fresh)
+        try:
+            answer, pixels = worker.ask(request, settings.subprocess_timeout_seconds, "render")
+        except WorkerGoneError as gone:
+            worker.close()
+            if worker.served and gone.returncode not in (-signal.SIGKILL, -signal.SIGTERM):
+                # It had rendered other pages: its end may be their doing (a leak, the memory cap
+                # reached at last), not this page's. Only a child that starts with this page blames it.
+                log.info("a page renderer ended; rendering the page again in a new one", page=page_no)
+                fresh = True
+                continue
+            if out_of_memory := ran_out_of_memory(command[0], gone.stderr, settings.tool_memory_mb, "render"):
+                raise out_of_memory from None
+            return _RendererAnswer(gone.returncode, {}, stderr=gone.stderr.decode("utf-8", "replace"))
+        except BaseException:
+            worker.close()
+            raise
+        workers.give_back(worker)
+        code = answer.get("exit")
+        return _RendererAnswer(code if isinstance(code, int) else 1, answer, pixels, str(answer.get("reason", "")))
 
 
 def _signal_name(returncode: int) -> str:
@@ -449,11 +519,12 @@ class PreparedDocument:
     # file cut short, say): if every page then renders blank, the document is damaged, not empty.
     repair_warning: str = ""
 
-    def render(self, page_no: int, settings: PrepareSettings) -> PageImage:
+    def render(self, page_no: int, settings: PrepareSettings, workers: ToolWorkers | None = None) -> PageImage:
+        """Page ``page_no``'s image; a PDF's through one of ``workers``' renderers when given."""
         if self.doc_type == "image":
             return render_image_page(self.source, page_no, settings)
         try:
-            return render_pdf_page(self.source, page_no, settings, self.password)
+            return render_pdf_page(self.source, page_no, settings, self.password, workers)
         except PageTooLargeError:
             raise
         except PermanentError as error:
@@ -468,7 +539,7 @@ class PreparedDocument:
             if info.pages != self.page_count:
                 raise
             self.source, self.password = target, None
-            return render_pdf_page(self.source, page_no, settings)
+            return render_pdf_page(self.source, page_no, settings, workers=workers)
 
 
 def prepare_as_is(

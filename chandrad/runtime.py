@@ -20,6 +20,7 @@ from chandrad.engine.base import Engine
 from chandrad.storage import folders, naming
 from chandrad.storage.durable import reserve_name
 from chandrad.storage.journal import Document, Journal
+from chandrad.tools import ToolWorkers
 
 T = TypeVar("T")
 
@@ -92,6 +93,9 @@ class Runtime:
     # By inbox path; each started lazily, a thread at a time: a runtime that never touches an inbox starts none.
     _inbox_threads: dict[Path, ThreadPoolExecutor] = field(default_factory=dict, repr=False)
     _reader_threads: ThreadPoolExecutor | None = field(default=None, repr=False)
+    # The PDF page renderers the reader threads keep between pages, one a thread at most: starting
+    # one for every page cost as much CPU as the render (bench/NOTES-overhead.md).
+    render_workers: ToolWorkers = field(default_factory=lambda: ToolWorkers(keep=os.cpu_count() or 1), repr=False)
 
     def __post_init__(self) -> None:
         self.inboxes = {**self.inboxes, **{inbox.name: inbox for inbox in self.settings.inbox}}
@@ -106,11 +110,13 @@ class Runtime:
         return threads
 
     def close(self) -> None:
-        """Let the inbox and reader threads end once idle (one blocked on a dead share ends when it returns)."""
+        """Let the inbox and reader threads end once idle (one blocked on a dead share ends when it
+        returns), and the idle page renderers now."""
         for threads in self._inbox_threads.values():
             threads.shutdown(wait=False)
         if self._reader_threads is not None:
             self._reader_threads.shutdown(wait=False)
+        self.render_workers.close()
 
     async def read_original(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the reader threads: the work of reading an original (its probe, its own

@@ -5,10 +5,15 @@ apart from the file's fault, and the ones a document has running, so that a stop
 from __future__ import annotations
 
 import contextvars
+import json
 import os
 import resource
+import select
 import signal
 import subprocess
+import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,16 +104,23 @@ def run_tool(
     finally:
         if registry is not None:
             registry.discard(proc)
-    if memory_mb and any(marker in err for marker in _OUT_OF_MEMORY):
-        raise PermanentError(
-            f"{Path(args[0]).name} ran out of the memory it may use (prepare.tool_memory_mb = {memory_mb}); "
-            f"raise prepare.tool_memory_mb if the machine has room, then drop the file again",
-            stage=stage,
-        )
+    if out_of_memory := ran_out_of_memory(args[0], err, memory_mb, stage):
+        raise out_of_memory
     if binary:
         return subprocess.CompletedProcess(args, proc.returncode, out, err.decode("utf-8", "replace"))
     return subprocess.CompletedProcess(
         args, proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    )
+
+
+def ran_out_of_memory(program: str, stderr: bytes, memory_mb: int, stage: str) -> PermanentError | None:
+    """The error to raise when ``stderr`` says ``program`` ran out of its capped memory, else None."""
+    if not memory_mb or not any(marker in stderr for marker in _OUT_OF_MEMORY):
+        return None
+    return PermanentError(
+        f"{Path(program).name} ran out of the memory it may use (prepare.tool_memory_mb = {memory_mb}); "
+        f"raise prepare.tool_memory_mb if the machine has room, then drop the file again",
+        stage=stage,
     )
 
 
@@ -132,3 +144,184 @@ def killed_from_outside(tool: str, returncode: int, stage: str) -> TransientErro
     name = signal.Signals(-returncode).name
     hint = " (the machine may be short of memory)" if -returncode == signal.SIGKILL else ""
     return TransientError(f"{tool} was killed by {name}{hint}", stage=stage)
+
+
+class WorkerGoneError(Exception):
+    """A serving child ended (crashed, was killed, or broke its protocol) before it answered."""
+
+    def __init__(self, returncode: int, stderr: bytes) -> None:
+        super().__init__(f"exit {returncode}")
+        self.returncode, self.stderr = returncode, stderr
+
+
+class ToolWorker:
+    """One long-lived child that answers requests one at a time: a JSON line in; a JSON line with
+    ``bytes``, then that many raw bytes, out. Started as ``run_tool`` starts a tool (its own process
+    group, a lower priority, the memory cap); each request gets the tools' deadline. Not thread-safe:
+    ``ToolWorkers`` lends it to one thread at a time."""
+
+    def __init__(self, command: tuple[str, ...], memory_mb: int, stage: str) -> None:
+        # Its stderr goes to a file, emptied before each request: a pipe nobody read would fill with
+        # a library's warnings and stall the child; the file keeps the last request's words for a crash.
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (it lives as long as the child: close())
+        try:
+            self.proc = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                start_new_session=True,
+            )
+        except FileNotFoundError:
+            self._stderr.close()
+            raise TransientError(
+                f"{command[0]} is not installed; install it (chandrad check lists what is missing)", stage=stage
+            ) from None
+        self.command, self.memory_mb, self.served = command, memory_mb, 0
+        lower_priority(self.proc.pid)
+        if memory_mb:
+            try:
+                resource.prlimit(self.proc.pid, resource.RLIMIT_AS, (memory_mb * 2**20, memory_mb * 2**20))
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
+
+    def ask(self, request: dict[str, Any], timeout: float, stage: str) -> tuple[dict[str, Any], bytes]:
+        """The answer to ``request`` within ``timeout`` seconds. Raises ToolTimeoutError (the child is
+        killed) or WorkerGoneError (the child is gone; its exit code and stderr say why)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._stderr.seek(0)
+        self._stderr.truncate()
+        deadline = time.monotonic() + timeout
+        registry = running_tools.get()
+        if registry is not None:
+            registry.add(self.proc)
+        try:
+            try:
+                self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                raise self._gone() from None
+            header, rest = self._read_line(deadline, stage)
+            try:
+                answer = json.loads(header)
+                size = int(answer["bytes"])
+            except (ValueError, KeyError, TypeError):
+                self.kill()
+                raise WorkerGoneError(1, b"answered outside the protocol: " + header[:200]) from None
+            payload = self._read_exactly(size, rest, deadline, stage)
+        except BaseException:
+            if self.proc.poll() is None:
+                self.kill()
+            raise
+        finally:
+            if registry is not None:
+                registry.discard(self.proc)
+        self.served += 1
+        return answer, payload
+
+    def _wait_readable(self, deadline: float, stage: str) -> None:
+        assert self.proc.stdout is not None
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+            self.kill()
+            raise ToolTimeoutError(f"{self.command[0]} took longer than the deadline", stage=stage)
+
+    def _read_line(self, deadline: float, stage: str) -> tuple[bytes, bytes]:
+        assert self.proc.stdout is not None
+        got = b""
+        while b"\n" not in got:
+            self._wait_readable(deadline, stage)
+            chunk = os.read(self.proc.stdout.fileno(), 65536)
+            if not chunk:
+                raise self._gone()
+            got += chunk
+        line, _, rest = got.partition(b"\n")
+        return line, rest
+
+    def _read_exactly(self, size: int, got: bytes, deadline: float, stage: str) -> bytes:
+        assert self.proc.stdout is not None
+        parts, have = [got], len(got)
+        while have < size:
+            self._wait_readable(deadline, stage)
+            chunk = os.read(self.proc.stdout.fileno(), min(size - have, 1 << 20))
+            if not chunk:
+                raise self._gone()
+            parts.append(chunk)
+            have += len(chunk)
+        if have > size:  # the child wrote past its answer: it cannot be trusted with the next request
+            self.kill()
+        return b"".join(parts)[:size]
+
+    def _gone(self) -> WorkerGoneError:
+        try:
+            returncode = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            returncode = self.proc.returncode
+        self._stderr.seek(0)
+        return WorkerGoneError(returncode, self._stderr.read()[-65536:])
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            self.proc.kill()
+        self.proc.wait()
+
+    def close(self) -> None:
+        """Its stdin ends, and so does it (killed if it does not within a second)."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=1)
+        except (OSError, subprocess.TimeoutExpired):
+            self.kill()
+        finally:
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+            self._stderr.close()
+
+
+class ToolWorkers:
+    """Idle serving children, kept for the next request of the same command and memory cap.
+
+    A request takes an idle one or starts one; a worker given back goes idle again unless it is
+    gone, has served ``max_served`` requests (a library's leaks and fragmentation stay bounded), or
+    ``keep`` are idle already. Thread-safe; nothing starts until asked."""
+
+    def __init__(self, keep: int, max_served: int = 200) -> None:
+        self.keep, self.max_served = keep, max_served
+        self._idle: list[ToolWorker] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self, command: tuple[str, ...], memory_mb: int, stage: str, *, fresh: bool = False) -> ToolWorker:
+        """An idle worker of ``command`` with ``memory_mb``, or a new one (always, when ``fresh``)."""
+        with self._lock:
+            for index, worker in enumerate([] if fresh else self._idle):
+                if worker.command == command and worker.memory_mb == memory_mb:
+                    del self._idle[index]
+                    if worker.alive:
+                        return worker
+                    worker.close()
+                    break
+        return ToolWorker(command, memory_mb, stage)
+
+    def give_back(self, worker: ToolWorker) -> None:
+        with self._lock:
+            if not self._closed and worker.alive and worker.served < self.max_served and len(self._idle) < self.keep:
+                self._idle.append(worker)
+                return
+        worker.close()
+
+    def close(self) -> None:
+        """Every idle worker ends; those lent out end when given back."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.close()

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import io
 import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
 
+import psutil
 import pytest
 from chandra.model.util import scale_to_fit
 from PIL import Image, ImageChops
 
 from chandrad.config import PrepareSettings
 from chandrad.errors import PermanentError, TransientError
-from chandrad.prepare import is_blank, open_regular, page_dpi, prepare_document, sniff
+from chandrad.prepare import RENDERER, is_blank, open_regular, page_dpi, prepare_document, sniff
 from chandrad.testing import render_pages
+from chandrad.tools import ToolWorkers, kill_tools, running_tools
 from tests.conftest import corpus_file
 
 SETTINGS = PrepareSettings()
@@ -181,16 +188,95 @@ def test_a_corrupt_image_is_a_permanent_error(tmp_path):
         prepare_document(broken, tmp_path / "w", "lossless", SETTINGS).render(1, SETTINGS)
 
 
-def test_a_tool_over_its_memory_limit_fails_the_document_with_a_reason(tmp_path):
+@pytest.fixture
+def renderers() -> Iterator[ToolWorkers]:
+    """The kept page renderers, as the daemon's page reader has them."""
+    kept = ToolWorkers(keep=2)
+    yield kept
+    kept.close()
+
+
+def serving_renderers() -> list[psutil.Process]:
+    return [child for child in psutil.Process().children() if "--serve" in child.cmdline()]
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["a-child-a-page", "kept-renderers"])
+def test_a_tool_over_its_memory_limit_fails_the_document_with_a_reason(tmp_path, kept, renderers):
     # 24 MiB of address space: not even Ghostscript's or poppler's libraries fit.
     starved = PrepareSettings(tool_memory_mb=24)
     with pytest.raises(PermanentError, match=r"ran out of the memory it may use \(prepare.tool_memory_mb = 24\)"):
         doc = prepare_document(corpus_file("cardinal.pdf"), tmp_path, "lossless", starved)
-        doc.render(1, starved)
+        doc.render(1, starved, renderers if kept else None)
 
 
-def test_a_hung_renderer_is_a_transient_timeout(tmp_path):
+@pytest.mark.parametrize("kept", [False, True], ids=["a-child-a-page", "kept-renderers"])
+def test_a_hung_renderer_is_a_transient_timeout(tmp_path, kept, renderers):
     impatient = PrepareSettings(subprocess_timeout_seconds=0.05)
     doc = prepare_document(corpus_file("hugemono.pdf"), tmp_path, "lossless", PrepareSettings())
     with pytest.raises(TransientError, match="took longer"):
-        doc.render(1, impatient)
+        doc.render(1, impatient, renderers if kept else None)
+    assert serving_renderers() == [], "the renderer past its deadline is killed, not kept"
+
+
+def test_kept_renderers_render_every_page_as_a_child_a_page_does_and_one_serves_them_all(tmp_path, renderers):
+    pages = [("linn.pdf", 1), ("multipage.pdf", 2), ("multipage.pdf", 5), ("with-form.pdf", 1), ("jbig2.pdf", 1)]
+    for name, page_no in pages:
+        doc = prepare_document(corpus_file(name), tmp_path / name, "lossless", SETTINGS)
+        kept, alone = doc.render(page_no, SETTINGS, renderers), doc.render(page_no, SETTINGS)
+        assert (kept.image.size, kept.dpi) == (alone.image.size, alone.dpi), (name, page_no)
+        assert kept.image.tobytes() == alone.image.tobytes(), f"{name} page {page_no}: the same pixels"
+    assert len(serving_renderers()) == 1, "pages one after another: one renderer started, and kept"
+    locked = prepare_document(corpus_file("password-is-test.pdf"), tmp_path / "p", "lossless", SETTINGS, "test")
+    assert locked.render(1, SETTINGS, renderers).image.size == locked.render(1, SETTINGS).image.size
+    renderers.close()
+    assert serving_renderers() == [], "closed: the kept renderers end"
+
+
+def test_a_kept_renderer_that_died_between_pages_is_not_blamed_for_the_next_page(tmp_path, renderers):
+    doc = prepare_document(corpus_file("linn.pdf"), tmp_path, "lossless", SETTINGS)
+    first = doc.render(1, SETTINGS, renderers)
+    (renderer,) = serving_renderers()
+    renderer.send_signal(signal.SIGSEGV)  # as a leak or an earlier page's damage might end it
+    renderer.wait(timeout=10)
+    again = doc.render(1, SETTINGS, renderers)
+    assert again.image.tobytes() == first.image.tobytes()
+    assert [child.pid for child in serving_renderers()] != [renderer.pid]
+
+
+def test_a_renderer_that_crashes_on_its_first_page_fails_the_page_with_the_reason(tmp_path, renderers, monkeypatch):
+    """A crash that cannot be an earlier page's doing is the page's: no second try."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    crashing = bin_dir / RENDERER
+    crashing.write_text("#!/bin/sh\necho 'PDFium: bad object' >&2\nkill -SEGV $$\n")
+    crashing.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    doc = prepare_document(corpus_file("linn.pdf"), tmp_path / "w", "lossless", SETTINGS)
+    with pytest.raises(PermanentError, match=r"page 1 could not be rendered \(the PDF renderer crashed \(SIGSEGV\)\)"):
+        doc.render(1, SETTINGS, renderers)
+
+
+def test_stopping_a_document_kills_the_kept_renderer_at_work_on_its_page(tmp_path, renderers):
+    """The renderer is among the document's running tools while it renders, so a stop ends it
+    (``tools.kill_tools``) instead of waiting for its deadline."""
+    doc = prepare_document(corpus_file("hugemono.pdf"), tmp_path, "lossless", SETTINGS)
+    tools: set[subprocess.Popen[bytes]] = set()
+    failure: list[BaseException] = []
+
+    def render() -> None:
+        running_tools.set(tools)
+        try:
+            doc.render(1, SETTINGS, renderers)
+        except BaseException as error:
+            failure.append(error)
+
+    worker = threading.Thread(target=render)
+    worker.start()
+    for _ in range(200):
+        if tools:
+            break
+        time.sleep(0.05)
+    assert kill_tools(tools) == 1
+    worker.join(timeout=30)
+    assert len(failure) == 1 and isinstance(failure[0], TransientError), failure
+    assert "killed by SIGKILL" in failure[0].reason

@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +59,12 @@ class World:
     settings: Settings
     journal: Journal
     clock: ManualClock
+    runtimes: list[Runtime] = field(default_factory=list)  # closed with the world: their kept renderers end
 
     def stages(self, engine: Engine) -> DocumentStages:
         """A fresh set of stages (as after a restart) reading pages with ``engine``."""
         runtime = Runtime(self.settings, self.journal, engine, clock=self.clock)
+        self.runtimes.append(runtime)
         return DocumentStages(runtime, Failures(runtime))
 
     async def take_in(self, name: str, data: bytes) -> Document:
@@ -113,6 +115,8 @@ def make_world(tmp_path: Path, inbox_settings: dict[str, object] | None = None, 
 def world(tmp_path: Path) -> Iterator[World]:
     made = make_world(tmp_path)
     yield made
+    for runtime in made.runtimes:
+        runtime.close()
     made.journal.close()
 
 
@@ -428,11 +432,22 @@ async def test_a_rendered_page_goes_on_to_the_engine_while_other_documents_rende
     bin_dir.mkdir()
     renderer = bin_dir / RENDERER
     real = shutil.which(RENDERER) or str(Path(sys.executable).with_name(RENDERER))
+    # A kept renderer (``--serve``) between the reader and the real one: each request for a held
+    # document's page waits for the release before it is passed on.
     renderer.write_text(
-        "#!/bin/sh\n"
-        f'case "$1" in *held-*) i=0\n'
-        f'  while [ ! -e "{released}" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done;; esac\n'
-        f'exec "{real}" "$@"\n'
+        f"#!{sys.executable}\n"
+        "import json, os, subprocess, sys, time\n"
+        f"real = subprocess.Popen([{real!r}, *sys.argv[1:]], stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n"
+        "for request in sys.stdin.buffer:\n"
+        "    for _ in range(600):\n"
+        f"        if b'held-' not in request or os.path.exists({str(released)!r}):\n"
+        "            break\n"
+        "        time.sleep(0.1)\n"
+        "    real.stdin.write(request)\n"
+        "    real.stdin.flush()\n"
+        "    header = real.stdout.readline()\n"
+        "    sys.stdout.buffer.write(header + real.stdout.read(json.loads(header)['bytes']))\n"
+        "    sys.stdout.buffer.flush()\n"
     )
     renderer.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")

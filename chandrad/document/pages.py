@@ -106,7 +106,9 @@ class PageReader:
                 for page_no in todo:
                     # Render the next page while earlier ones are at the engine; never more than one ahead.
                     try:
-                        page = await self.runtime.read_original(prepared.render, page_no, settings.prepare)
+                        page = await self.runtime.read_original(
+                            prepared.render, page_no, settings.prepare, self.runtime.render_workers
+                        )
                     except PermanentError as page_error:
                         await self._render_failed(doc, inbox, prepared, page_no, page_error)
                         continue

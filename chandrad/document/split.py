@@ -36,6 +36,7 @@ from chandrad.storage import folders
 from chandrad.storage.durable import makedirs_durably, write_file_durably
 from chandrad.storage.journal import Document
 from chandrad.storage.schema import FINAL_STATES, DocumentState
+from chandrad.tools import ToolWorkers
 
 log = structlog.get_logger("chandrad.document.split")
 
@@ -44,13 +45,16 @@ log = structlog.get_logger("chandrad.document.split")
 SEPARATOR_DPI = 100
 
 
-def find_separators(prepared: prepare.PreparedDocument, settings: PrepareSettings, rule: SplitRule) -> list[int]:
-    """The page numbers of ``prepared`` that are separator sheets under ``rule``. Blocking."""
+def find_separators(
+    prepared: prepare.PreparedDocument, settings: PrepareSettings, rule: SplitRule, workers: ToolWorkers | None = None
+) -> list[int]:
+    """The page numbers of ``prepared`` that are separator sheets under ``rule`` (its PDF pages
+    rendered by ``workers``' kept renderers, when given). Blocking."""
     light = settings.model_copy(update={"dpi": SEPARATOR_DPI, "min_short_side_px": 0})
     return [
         page_no
         for page_no in range(1, prepared.page_count + 1)
-        if separator_kind(prepared.render(page_no, light).image, rule) is not None
+        if separator_kind(prepared.render(page_no, light, workers).image, rule) is not None
     ]
 
 
@@ -105,7 +109,9 @@ class Splitter:
             await runtime.journal.call(runtime.journal.split, doc, [])
             done = await self.complete(doc.id)
             return Outcome(doc.id, Ending.PUBLISHED if done else Ending.SPLIT)
-        separators = await asyncio.to_thread(find_separators, prepared, runtime.settings.prepare, rule)
+        separators = await asyncio.to_thread(
+            find_separators, prepared, runtime.settings.prepare, rule, runtime.render_workers
+        )
         if not separators:
             return None
         ranges = parts(prepared.page_count, separators)
