@@ -3,7 +3,9 @@
 Fake ``gs``, ``chandrad-render-page`` (the PDF page renderer) and ``pdfinfo`` come first on the
 daemon's PATH (only in that daemon's environment). They hang (``exec sleep``) or kill themselves (``kill -9 $$``) when their
 arguments name a file whose name says so, and run the real program otherwise, so one daemon
-meets every fault and healthy documents alongside them.
+meets every fault and healthy documents alongside them. The renderer, which the daemon keeps
+between pages (``--serve``), does so when a page's request names such a file, and passes every
+other request on to a real one.
 """
 
 from __future__ import annotations
@@ -39,6 +41,33 @@ def wrapper(real: str, tag: str) -> str:
             f'exec {real} "$@"')
 
 
+def serving_wrapper(folder: Path, real: str, tag: str) -> str:
+    """``wrapper`` for a program run once a request (``--serve``, a JSON line each) as well as once a
+    page: a Python relay, written beside the fake tools, that acts on each request as ``wrapper``
+    acts on its arguments."""
+    folder.mkdir(parents=True, exist_ok=True)
+    relay = folder / f"{tag}-relay.py"
+    relay.write_text(
+        "import json, os, signal, subprocess, sys\n"
+        "def act(words):\n"
+        f"    if '{tag}hang' in words: os.execvp('sleep', {HANG.split()!r})\n"
+        f"    if '{tag}crash' in words: os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"    if '{tag}segv' in words: os.kill(os.getpid(), signal.SIGSEGV)\n"
+        "if sys.argv[1:] != ['--serve']:\n"
+        "    act(' '.join(sys.argv[1:]))\n"
+        f"    os.execv({real!r}, [{real!r}, *sys.argv[1:]])\n"
+        f"real = subprocess.Popen([{real!r}, '--serve'], stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n"
+        "for request in sys.stdin.buffer:\n"
+        "    act(request.decode())\n"
+        "    real.stdin.write(request)\n"
+        "    real.stdin.flush()\n"
+        "    header = real.stdout.readline()\n"
+        "    sys.stdout.buffer.write(header + real.stdout.read(json.loads(header)['bytes']))\n"
+        "    sys.stdout.buffer.flush()\n"
+    )
+    return f'exec {sys.executable} {relay} "$@"'
+
+
 def test_hung_and_killed_ghostscript_and_poppler_time_out_or_fall_back_and_the_daemon_stays_well(
     chaos_factory, tmp_path
 ):
@@ -46,7 +75,7 @@ def test_hung_and_killed_ghostscript_and_poppler_time_out_or_fall_back_and_the_d
         tmp_path / "bin",
         gs=wrapper("/usr/bin/gs", "gs"),
         pdfinfo=wrapper("/usr/bin/pdfinfo", "info"),
-        **{"chandrad-render-page": wrapper(RENDERER, "ppm")},
+        **{"chandrad-render-page": serving_wrapper(tmp_path / "relays", RENDERER, "ppm")},
     )
     daemon: ChaosDaemon = chaos_factory(
         tmp_path / "tree", env=env,
