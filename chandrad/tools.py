@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -291,18 +292,26 @@ class ToolWorkers:
 
     A request takes an idle one or starts one; a worker given back goes idle again unless it is
     gone, has served ``max_served`` requests (a library's leaks and fragmentation stay bounded), or
-    ``keep`` are idle already. Thread-safe; nothing starts until asked."""
+    ``keep`` are idle already. One idle for ``idle_seconds`` ends at the next ``end_idle`` (a page
+    renderer holds 30-60 MB: a quiet daemon need not keep one a core). Thread-safe; nothing starts
+    until asked."""
 
-    def __init__(self, keep: int, max_served: int = 200) -> None:
-        self.keep, self.max_served = keep, max_served
-        self._idle: list[ToolWorker] = []
+    def __init__(
+        self,
+        keep: int,
+        max_served: int = 200,
+        idle_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.keep, self.max_served, self.idle_seconds, self.clock = keep, max_served, idle_seconds, clock
+        self._idle: list[tuple[ToolWorker, float]] = []  # and since when
         self._lock = threading.Lock()
         self._closed = False
 
     def take(self, command: tuple[str, ...], memory_mb: int, stage: str, *, fresh: bool = False) -> ToolWorker:
         """An idle worker of ``command`` with ``memory_mb``, or a new one (always, when ``fresh``)."""
         with self._lock:
-            for index, worker in enumerate([] if fresh else self._idle):
+            for index, (worker, _) in enumerate([] if fresh else self._idle):
                 if worker.command == command and worker.memory_mb == memory_mb:
                     del self._idle[index]
                     if worker.alive:
@@ -314,14 +323,25 @@ class ToolWorkers:
     def give_back(self, worker: ToolWorker) -> None:
         with self._lock:
             if not self._closed and worker.alive and worker.served < self.max_served and len(self._idle) < self.keep:
-                self._idle.append(worker)
+                self._idle.append((worker, self.clock()))
                 return
         worker.close()
+
+    def end_idle(self) -> int:
+        """End the workers idle for ``idle_seconds`` or longer; returns how many. Blocking (a
+        second at most a worker): run it in a thread."""
+        now = self.clock()
+        with self._lock:
+            ending = [worker for worker, since in self._idle if now - since >= self.idle_seconds]
+            self._idle = [(worker, since) for worker, since in self._idle if now - since < self.idle_seconds]
+        for worker in ending:
+            worker.close()
+        return len(ending)
 
     def close(self) -> None:
         """Every idle worker ends; those lent out end when given back."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for worker in idle:
+        for worker, _ in idle:
             worker.close()

@@ -232,6 +232,24 @@ def test_kept_renderers_render_every_page_as_a_child_a_page_does_and_one_serves_
     assert serving_renderers() == [], "closed: the kept renderers end"
 
 
+def test_kept_renderers_idle_for_their_time_end_and_busy_ones_stay(tmp_path):
+    now = [0.0]
+    kept = ToolWorkers(keep=2, idle_seconds=60, clock=lambda: now[0])
+    try:
+        doc = prepare_document(corpus_file("linn.pdf"), tmp_path, "lossless", SETTINGS)
+        doc.render(1, SETTINGS, kept)
+        now[0] = 59.0
+        assert kept.end_idle() == 0 and len(serving_renderers()) == 1, "idle under a minute: kept"
+        doc.render(1, SETTINGS, kept)  # used again at 59 s: idle from then on
+        now[0] = 118.0
+        assert kept.end_idle() == 0 and len(serving_renderers()) == 1
+        now[0] = 119.0
+        assert kept.end_idle() == 1 and serving_renderers() == [], "a minute idle: ended"
+        assert doc.render(1, SETTINGS, kept).image.width > 0, "a new one starts when needed"
+    finally:
+        kept.close()
+
+
 def test_a_kept_renderer_that_died_between_pages_is_not_blamed_for_the_next_page(tmp_path, renderers):
     doc = prepare_document(corpus_file("linn.pdf"), tmp_path, "lossless", SETTINGS)
     first = doc.render(1, SETTINGS, renderers)

@@ -63,6 +63,7 @@ TICK_SECONDS = 1.0
 # A watcher that has not ticked for this long (its rescan can take a while on a big share) is hung.
 WATCHER_STALL_SECONDS = 120.0
 MEMORY_SAMPLE_SECONDS = 10.0  # NVML takes a few ms: not every tick
+IDLE_SWEEP_SECONDS = 10.0  # how often the page renderers kept idle for a minute are ended
 # The config file read and each inbox's folders checked at start and at SIGHUP, in threads of the
 # service's own (never on the loop, never behind page renders): a share that does not answer within
 # this long is left to its watcher (which waits for it) instead of holding the start or the reload.
@@ -526,6 +527,7 @@ class Daemon:
         last_status = ""
         last_ping = 0.0
         last_memory_sample = 0.0
+        last_idle_sweep = time.monotonic()
         was_healthy = True
         while True:
             now = time.monotonic()
@@ -545,6 +547,9 @@ class Daemon:
                 used = await self.engine.memory_in_use()
                 if used is not None:
                     self.metrics.gpu_memory.set(used)
+            if self.pipeline is not None and now - last_idle_sweep >= IDLE_SWEEP_SECONDS:
+                last_idle_sweep = now
+                await asyncio.to_thread(self.pipeline.runtime.render_workers.end_idle)
             interval = self.notifier.watchdog_interval
             if interval is not None and self.ready and now - last_ping >= interval:
                 healthy, why = await self.healthy()
