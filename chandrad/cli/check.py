@@ -75,11 +75,12 @@ def check(config_path: Path | None, hf_home: Path | None) -> None:
 
 
 def _check_pdf_renderer(settings: Settings) -> tuple[bool, str, str]:
-    """Render a blank US-Letter page as prepare renders every PDF page (PDFium in a child process,
-    under the tools' timeout and memory cap): whether the renderer works, not only exists."""
+    """Render a blank US-Letter page as the daemon renders every PDF page (PDFium in a kept child,
+    ``--serve``, under the tools' timeout and memory cap): whether the renderer works, not only exists."""
     import pikepdf
 
     from chandrad import prepare
+    from chandrad.tools import ToolWorkers
 
     command = " ".join(prepare.renderer_command())
     with tempfile.TemporaryDirectory(prefix="chandrad-check-") as folder:
@@ -87,10 +88,13 @@ def _check_pdf_renderer(settings: Settings) -> tuple[bool, str, str]:
         with pikepdf.new() as pdf:
             pdf.add_blank_page(page_size=(612, 792))
             pdf.save(blank)
+        renderers = ToolWorkers(keep=1)
         try:
-            page = prepare.render_pdf_page(blank, 1, settings.prepare)
+            page = prepare.render_pdf_page(blank, 1, settings.prepare, workers=renderers)
         except DocumentError as error:
             return False, "pdf renderer", f"{command}: {error.reason}"
+        finally:
+            renderers.close()
     width, height = page.image.size
     return True, "pdf renderer", f"PDFium ({command}): a blank Letter page → {width}×{height} px at {page.dpi:.0f} dpi"
 
