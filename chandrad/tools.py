@@ -162,7 +162,7 @@ class ToolWorker:
     ``ToolWorkers`` lends it to one thread at a time."""
 
     def __init__(self, command: tuple[str, ...], memory_mb: int, stage: str) -> None:
-        # Its stderr goes to a file, emptied before each request: a pipe nobody read would fill with
+        # Its stderr goes to a file, emptied after each answer: a pipe nobody read would fill with
         # a library's warnings and stall the child; the file keeps the last request's words for a crash.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (it lives as long as the child: close())
         try:
@@ -190,8 +190,6 @@ class ToolWorker:
         """The answer to ``request`` within ``timeout`` seconds. Raises ToolTimeoutError (the child is
         killed) or WorkerGoneError (the child is gone; its exit code and stderr say why)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self._stderr.seek(0)
-        self._stderr.truncate()
         deadline = time.monotonic() + timeout
         registry = running_tools.get()
         if registry is not None:
@@ -218,6 +216,10 @@ class ToolWorker:
             if registry is not None:
                 registry.discard(self.proc)
         self.served += 1
+        # Emptied after an answer, not before a request: what a child says as it starts (a library
+        # it cannot load) is the first request's reason when it ends before answering.
+        self._stderr.seek(0)
+        self._stderr.truncate()
         return answer, payload
 
     def _wait_readable(self, deadline: float, stage: str) -> None:

@@ -19,7 +19,7 @@ from chandrad.config import PrepareSettings
 from chandrad.errors import PermanentError, TransientError
 from chandrad.prepare import RENDERER, is_blank, open_regular, page_dpi, prepare_document, sniff
 from chandrad.testing import render_pages
-from chandrad.tools import ToolWorkers, kill_tools, running_tools
+from chandrad.tools import ToolWorkers, WorkerGoneError, kill_tools, running_tools
 from tests.conftest import corpus_file
 
 SETTINGS = PrepareSettings()
@@ -298,3 +298,20 @@ def test_stopping_a_document_kills_the_kept_renderer_at_work_on_its_page(tmp_pat
     worker.join(timeout=30)
     assert len(failure) == 1 and isinstance(failure[0], TransientError), failure
     assert "killed by SIGKILL" in failure[0].reason
+
+
+def test_what_a_kept_renderer_says_before_it_dies_at_its_start_is_the_reason_it_gives(tmp_path, renderers):
+    """It may end before its first request is written (a library it cannot load): its words
+    still reach the error, however late the request comes."""
+    broken = tmp_path / RENDERER
+    broken.write_text("#!/bin/sh\necho 'libpdfium.so: cannot open shared object file' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    worker = renderers.take((str(broken), "--serve"), SETTINGS.tool_memory_mb, "render")
+    try:
+        worker.proc.wait(timeout=10)  # dead before it is asked
+        with pytest.raises(WorkerGoneError) as gone:
+            worker.ask({"pdf": str(corpus_file("linn.pdf")), "page": 1}, 10, "render")
+        assert gone.value.returncode == 1
+        assert b"libpdfium.so: cannot open shared object file" in gone.value.stderr
+    finally:
+        worker.close()
