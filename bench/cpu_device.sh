@@ -5,7 +5,9 @@
 # chandrad's deps in /root/site (bench/gpu.sh install) and the tools bundle of bench/stage-tools.sh.
 #   first, per part: carry [".tesspackK"], `mkdir -p /root/tesspack && cp .tesspackK/* /root/tesspack/`
 #   then:            TESS_SETUP=1 bash bench/cpu_device.sh      (carry .whl and .bench-carry)
-# Results into $OUT: cpu-env.txt, prepare-parallel.json, intake-burst.json, intake-daemon-logs.tar.gz.
+# Results into $OUT: cpu-env.txt, fsync-probe.json, prepare-parallel.json, intake-burst.json,
+# intake-daemon-logs.tar.gz. INTAKE_ALSO="DIR ...": more chandrad trees (each holding chandrad/, e.g.
+# a variant staged beside .bench-carry/src) for the intake burst, measured in the same run after SRC.
 set -uo pipefail
 B=${TESS:-/root/tess}
 OUT=${OUT:-/tmp/cpu-out}; mkdir -p "$OUT"
@@ -23,12 +25,14 @@ export CHANDRAD_CORPUS=$PWD/.bench-carry/corpus
   tesseract --version 2>&1 | head -2; gs --version; pdftoppm -v 2>&1 | head -1
   python3 -c "from chandrad.scan import leptonica; print('leptonica available:', leptonica.available())"
 } 2>&1 | tee "$OUT/cpu-env.txt"
+echo "== fsync probe (the disk intake makes claims durable on)"
+timeout -k 5 60 python3 bench/fsync_probe.py --json "$OUT/fsync-probe.json" 2>&1 | tail -2
 echo "== prepare --parallel"
 timeout -k 10 ${PREP_LIMIT:-180} python3 bench/prepare.py --parallel --rounds ${ROUNDS:-10} \
   --json "$OUT/prepare-parallel.json" 2>&1 | tail -25
 echo "== intake burst ${FILES:-1000}"
 KEEP=/root/intake-keep; rm -rf $KEEP
-timeout -k 10 ${INTAKE_LIMIT:-240} python3 bench/intake.py --src "$SRC" --files ${FILES:-1000} \
+timeout -k 10 ${INTAKE_LIMIT:-240} python3 bench/intake.py --src "$SRC" $(for d in ${INTAKE_ALSO:-}; do echo --src "$d"; done) --files ${FILES:-1000} \
   --repeat ${REPEAT:-3} --until ${UNTIL:-queued} --out "$OUT/intake-burst.json" --keep $KEEP \
   ${PYSPY:+--spy /root/site/bin/py-spy} 2>&1 | tail -8
 # PYSPY=1: each run's daemon recorded by py-spy during the burst (stacks holding the GIL: gil.txt)

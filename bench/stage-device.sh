@@ -14,6 +14,14 @@ rm -rf .bench-carry && mkdir -p .bench-carry/src .bench-carry/poppler/bin .bench
 REV=${REV:-HEAD}
 git archive "$REV" chandrad | tar x -C .bench-carry/src
 echo "chandrad at commit $(git rev-parse "$REV") ($(git log -1 --format=%s "$REV")), taken $(date -u +%FT%TZ)" > .bench-carry/src/SOURCE.txt
+# INBOX_THREADS_ALSO="32 64": the same code with runtime.INBOX_THREADS set to each, as
+# .bench-carry/src-tN (for bench/cpu_device.sh's INTAKE_ALSO: is intake bound by how many claims
+# wait on the disk at once?).
+for threads in ${INBOX_THREADS_ALSO:-}; do
+  cp -r .bench-carry/src ".bench-carry/src-t$threads"
+  sed -i "s/^INBOX_THREADS = 16\b/INBOX_THREADS = $threads/" ".bench-carry/src-t$threads/chandrad/runtime.py"
+  grep -q "^INBOX_THREADS = $threads\b" ".bench-carry/src-t$threads/chandrad/runtime.py" || { echo "INBOX_THREADS not found"; exit 1; }
+done
 cp ../shared/device/make_model.py .bench-carry/
 # The scans bench/prepare.py --parallel reads (2.3 MiB; bench/cpu_device.sh points CHANDRAD_CORPUS here).
 mkdir -p .bench-carry/corpus && (cd ../shared/corpus && cp linn.pdf c02-22.pdf cardinal.pdf lichtenstein.pdf kcs.pdf \
