@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from chandrad.config import InboxSettings
+from chandrad.inbox import watch
 from chandrad.inbox.watch import IgnoreRules, InboxWatcher, SettleTracker, mount_fs_type, wants_polling
 
 
@@ -125,6 +126,54 @@ async def test_inotify_events_feed_the_tracker(tmp_path):
     finally:
         watcher.stop_observer()
     assert emitted == ["new.pdf"]
+
+
+async def test_inotify_announces_writes_renames_touches_and_folders_but_not_reads(tmp_path, monkeypatch):
+    """The kernel is asked for what can announce a file (``watch.WATCHED_EVENTS``): the daemon's
+    own reads of the inbox tree (intake's hash, every page render of a claimed original) would
+    otherwise put an open and a close into watchdog's queue for each read."""
+    inbox_dir = tmp_path / "in"
+    inbox_dir.mkdir()
+    outside = tmp_path / "outside.pdf"
+    outside.write_bytes(b"%PDF-1.4 moved in")
+    (inbox_dir / "kept.pdf").write_bytes(b"%PDF-1.4 there before")
+
+    async def emit(settled):
+        return None
+
+    seen_types: list[str] = []  # every event watchdog hands over, before the watcher's own sorting
+    handed_over = watch._DirtyPaths.on_any_event
+
+    def spy(handler, event):
+        seen_types.append(event.event_type)
+        handed_over(handler, event)
+
+    monkeypatch.setattr(watch._DirtyPaths, "on_any_event", spy)
+    watcher = InboxWatcher(InboxSettings(path=inbox_dir, settle_seconds=60, polling=False), emit)
+    announced: list[str] = []
+    watcher._candidate = lambda path, is_directory=False: announced.append(  # type: ignore[method-assign]
+        str(path.relative_to(inbox_dir)) + ("/" if is_directory else "")
+    )
+
+    async def announced_after(change) -> set[str]:
+        announced.clear()
+        change()
+        await asyncio.sleep(0.8)  # watchdog's own delay for a move's other half is 0.5 s
+        return set(announced)
+
+    watcher.start_observer(asyncio.get_running_loop())
+    try:
+        await asyncio.sleep(0.3)
+        seen_types.clear()
+        assert await announced_after(lambda: [(inbox_dir / "kept.pdf").read_bytes() for _ in range(20)]) == set()
+        assert seen_types == [], "reads are not even handed over by watchdog"
+        assert "written.pdf" in await announced_after(lambda: (inbox_dir / "written.pdf").write_bytes(b"%PDF"))
+        assert "moved.pdf" in await announced_after(lambda: outside.rename(inbox_dir / "moved.pdf"))
+        assert "kept.pdf" in await announced_after(lambda: os.utime(inbox_dir / "kept.pdf"))
+        assert "sub/" in await announced_after(lambda: (inbox_dir / "sub").mkdir())
+        assert "sub/deep.pdf" in await announced_after(lambda: (inbox_dir / "sub" / "deep.pdf").write_bytes(b"%PDF"))
+    finally:
+        watcher.stop_observer()
 
 
 async def test_a_stat_hung_on_the_inbox_holds_its_watcher_but_not_the_event_loop(tmp_path, monkeypatch):

@@ -26,7 +26,17 @@ from pathlib import Path
 from typing import Literal
 
 import structlog
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+import watchdog.events
+from watchdog.events import (
+    DirCreatedEvent,
+    DirMovedEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
@@ -199,6 +209,24 @@ def wants_polling(inbox: InboxSettings) -> bool:
     return fs_type in REMOTE_FS_TYPES or fs_type.startswith("fuse")
 
 
+# The events that can announce a file to settle or a folder to look into; watchdog asks the kernel
+# for these alone (its ``event_filter`` sets the inotify mask). Not opens and closes after a read,
+# nor a folder's "modified": the daemon's own reads of the inbox tree (intake's hash, each page's
+# render of a claimed original) put two events each into watchdog's queue, where every move scans
+# the queue for its other half (1 000 files renamed in: a fifth of the daemon's GIL-holding time,
+# bench/intake.py --spy). A folder's "modified" only repeats what its files' events say.
+WATCHED_EVENTS: list[type[FileSystemEvent]] = [
+    FileCreatedEvent,
+    DirCreatedEvent,
+    FileMovedEvent,
+    DirMovedEvent,
+    FileModifiedEvent,  # a write (and, before watchdog had FileAttribEvent, a touch)
+    FileClosedEvent,  # closed after writing: a scanner is done
+    # A touch or a chmod (watchdog 7 tells these apart from writes): a file made readable at last.
+    *[event for event in (getattr(watchdog.events, "FileAttribEvent", None),) if event is not None],
+]
+
+
 class _DirtyPaths(FileSystemEventHandler):
     """Watchdog handler: runs on the observer thread and only hands paths to the event loop, which
     looks at them at its next tick."""
@@ -321,7 +349,12 @@ class InboxWatcher:
             observer: BaseObserver = PollingObserver(timeout=self.inbox.poll_interval_seconds)
         else:
             observer = Observer()
-        observer.schedule(_DirtyPaths(loop, self._candidate), str(self.inbox.path), recursive=self.inbox.recursive)
+        observer.schedule(
+            _DirtyPaths(loop, self._candidate),
+            str(self.inbox.path),
+            recursive=self.inbox.recursive,
+            event_filter=WATCHED_EVENTS,
+        )
         observer.daemon = True
         observer.start()
         self._observer = observer
