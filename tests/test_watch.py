@@ -131,7 +131,8 @@ async def test_inotify_events_feed_the_tracker(tmp_path):
 async def test_inotify_announces_writes_renames_touches_and_folders_but_not_reads(tmp_path, monkeypatch):
     """The kernel is asked for what can announce a file (``watch.WATCHED_EVENTS``): the daemon's
     own reads of the inbox tree (intake's hash, every page render of a claimed original) would
-    otherwise put an open and a close into watchdog's queue for each read."""
+    otherwise put an open and a close into watchdog's queue for each read; and what happens in the
+    daemon's own ``.chandrad`` folder never reaches the event loop."""
     inbox_dir = tmp_path / "in"
     inbox_dir.mkdir()
     outside = tmp_path / "outside.pdf"
@@ -172,6 +173,15 @@ async def test_inotify_announces_writes_renames_touches_and_folders_but_not_read
         assert "kept.pdf" in await announced_after(lambda: os.utime(inbox_dir / "kept.pdf"))
         assert "sub/" in await announced_after(lambda: (inbox_dir / "sub").mkdir())
         assert "sub/deep.pdf" in await announced_after(lambda: (inbox_dir / "sub" / "deep.pdf").write_bytes(b"%PDF"))
+
+        def claim() -> None:  # as intake claims a file: its folder, its record, the file moved in
+            folder = inbox_dir / ".chandrad" / "claimed" / "host" / "doc"
+            folder.mkdir(parents=True)
+            (folder / ".claim.json").write_text("{}")
+            (inbox_dir / "written.pdf").rename(folder / "written.pdf")
+
+        own = [path for path in await announced_after(claim) if path.startswith(".chandrad")]
+        assert own == [], "the daemon's own folder is not handed to the loop"
     finally:
         watcher.stop_observer()
 
