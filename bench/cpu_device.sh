@@ -5,10 +5,18 @@
 # chandrad's deps in /root/site (bench/gpu.sh install) and the tools bundle of bench/stage-tools.sh.
 #   first, per part: carry [".tesspackK"], `mkdir -p /root/tesspack && cp .tesspackK/* /root/tesspack/`
 #   then:            TESS_SETUP=1 bash bench/cpu_device.sh      (carry .whl and .bench-carry)
+# Without vLLM staged (one call, carry .tesspack1 .whl .bench-carry; poppler left out of .bench-carry
+# to fit 64 MiB: the tools bundle has its own): CPU_ONLY=1 installs .whl (which holds what the image
+# lacks for chandrad) and the renderer's wrapper, as bench/gpu.sh install does.
 # Results into $OUT: cpu-env.txt, fsync-probe.json, prepare-parallel.json, intake-burst.json,
 # intake-daemon-logs.tar.gz. INTAKE_ALSO="DIR ...": more chandrad trees (each holding chandrad/, e.g.
 # a variant staged beside .bench-carry/src) for the intake burst, measured in the same run after SRC.
 set -uo pipefail
+if [ -n "${CPU_ONLY:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /root/site .whl/*.whl || exit 1
+  printf '#!/bin/sh\nexec python3 -c "import sys; from chandrad.pdfium_page import cli; sys.exit(cli())" "$@"\n' \
+    > /usr/local/bin/chandrad-render-page && chmod +x /usr/local/bin/chandrad-render-page
+fi
 B=${TESS:-/root/tess}
 OUT=${OUT:-/tmp/cpu-out}; mkdir -p "$OUT"
 if [ -n "${TESS_SETUP:-}" ] && [ ! -x $B/bin/tesseract ]; then

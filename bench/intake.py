@@ -82,6 +82,7 @@ def one_run(
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "chandrad", "run", "--config", str(config)],
                                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
+    profiler = None
     try:
         wait_for(lambda: any(e.get("event") == "watching inbox" for e in events(log_path)) or proc.poll() is not None,
                  120, "the daemon to watch its inbox")
@@ -93,7 +94,6 @@ def one_run(
             target.write_bytes(source.read_bytes())
         # py-spy, when given: stacks of the threads holding the GIL (one process runs the loop,
         # intake's threads and, on a GPU host, vLLM's input processing: what they contend for).
-        profiler = None
         if spy:
             profiler = subprocess.Popen([spy, "record", "--pid", str(proc.pid), "--gil", "--rate", "200", "--format",
                                          "raw", "--output", str(root / "gil.txt")],

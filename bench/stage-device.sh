@@ -35,6 +35,13 @@ rm -rf .whl && python3 -m pip download -q --no-deps --only-binary=:all: --python
   --platform any -d .whl chandra-ocr==0.2.0 watchdog==7.1.0 pdf2image==1.17.0 pydantic-settings==2.16.3 structlog==26.1.0 \
   beautifulsoup4==4.15.0 soupsieve==4.1.3 markdownify==1.1.0 filetype==1.2.0 python-dotenv==1.2.4 \
   pikepdf==10.18.0 deprecated==3.0.1 pypdfium2==5.15.2 wcmatch==12.0.4 bracex==3.2.4 img2pdf==0.6.3 zxing-cpp==3.1.1
+# What chandrad imports that the device image lacks without vLLM's wheels (the versions of
+# ../shared/device/vllm-0.26-wheels.txt): bench/cpu_device.sh can then run on a machine where only
+# .whl is installed (one call instead of vLLM's eight).
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl \
+  pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 openai==3.57.0 \
+  jiter==0.19.0 distro==1.9.0 sniffio==1.3.1 httpx2==2.16.2 httpcore2==2.16.2 h2==4.4.1 hpack==4.2.0 hyperframe==6.1.0
 # py-spy: where an EngineCore spends its start (bench/gpu.sh STACKS=...); its wheel is tagged manylinux1.
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .whl py-spy==0.4.3
