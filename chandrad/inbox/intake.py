@@ -119,12 +119,30 @@ class _Arrival:
     refusal: DocumentError | None = None
 
 
-def _claim_on_disk(claimed: Path, record: claims.ClaimRecord, settled: SettledFile) -> None:
-    """The claim record, then the file beside it (blocking). The record first: a claim folder
-    holding a file always says what it is (a takeover needs that), and a claim lost to another
-    host leaves only the record, which the caller removes."""
+@dataclass(frozen=True)
+class _OnDisk:
+    """What a claim found once the file was in its claim folder: the file that was there in place
+    of the one hashed (``replaced``: its sha256, size and mtime), or why that could not be told
+    (``changed``)."""
+
+    replaced: tuple[str, int, int] | None = None
+    changed: DocumentError | OSError | None = None
+
+
+def _claim_on_disk(claimed: Path, record: claims.ClaimRecord, settled: SettledFile, check: bool) -> _OnDisk:
+    """The claim record, then the file beside it (blocking); then, when ``check``, whether the
+    file claimed is the one hashed (``_rehash_if_replaced``), in the same thread hop: a burst's
+    hops to the inbox threads cost the event loop's time, which bounds intake. The record first: a
+    claim folder holding a file always says what it is (a takeover needs that), and a claim lost
+    to another host leaves only the record, which the caller removes."""
     claims.write_claim_record(claimed.parent, record)
     move_durably(settled.path, claimed)
+    if not check:
+        return _OnDisk()
+    try:
+        return _OnDisk(replaced=_rehash_if_replaced(claimed, settled))
+    except (DocumentError, OSError) as error:
+        return _OnDisk(changed=error)
 
 
 class Intake:
@@ -237,8 +255,9 @@ class Intake:
         inbox, journal = settled.inbox, self.runtime.journal
         claimed = folders.claimed_path(inbox.path, self.runtime.host_id, doc.id, settled.rel_path)
         record = claims.claim_record_of(doc, self.runtime.host_id)
+        check = bool(doc.sha256) and settled.kind == "regular"
         try:
-            await self.runtime.on_inbox(inbox.path, _claim_on_disk, claimed, record, settled)
+            on_disk = await self.runtime.on_inbox(inbox.path, _claim_on_disk, claimed, record, settled, check)
         except FileNotFoundError:
             # Gone before it was taken in (another host's claim came first): no document.
             await self.runtime.on_inbox(inbox.path, remove_claim_folder, claimed.parent)
@@ -258,19 +277,17 @@ class Intake:
             await journal.call(journal.fail, doc.id, entry, deliveries)
             return None
         journaled: dict[str, Any] = {"claimed_path": str(claimed)}
-        if doc.sha256 and settled.kind == "regular":
-            try:
-                replaced = await self.runtime.on_inbox(inbox.path, _rehash_if_replaced, claimed, settled)
-            except (DocumentError, OSError) as error:
+        if check:
+            if (changed := on_disk.changed) is not None:
                 refusal = (
-                    error
-                    if isinstance(error, DocumentError)
-                    else PermanentError(f"it changed while it was taken in ({error})", stage="intake")
+                    changed
+                    if isinstance(changed, DocumentError)
+                    else PermanentError(f"it changed while it was taken in ({changed})", stage="intake")
                 )
                 doc = await journal.call(journal.set_state, doc.id, "settled", **journaled)
                 await self.failures.fail(doc, refusal)
                 return None
-            if replaced is not None:
+            if (replaced := on_disk.replaced) is not None:
                 # What is in our claim is what the document is: its hash decides duplicates.
                 sha256, size, mtime_ns = replaced
                 log.info("file replaced before its claim; hashed again", inbox=inbox.name, file=str(settled.rel_path))
