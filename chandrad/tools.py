@@ -147,6 +147,10 @@ def killed_from_outside(tool: str, returncode: int, stage: str) -> TransientErro
     return TransientError(f"{tool} was killed by {name}{hint}", stage=stage)
 
 
+# An answer's JSON line is a few hundred bytes; more without a line's end is not an answer.
+MAX_ANSWER_HEADER = 65536
+
+
 class WorkerGoneError(Exception):
     """A serving child ended (crashed, was killed, or broke its protocol) before it answered."""
 
@@ -233,6 +237,9 @@ class ToolWorker:
         assert self.proc.stdout is not None
         got = b""
         while b"\n" not in got:
+            if len(got) > MAX_ANSWER_HEADER:  # not an answer: the child does not speak the protocol
+                self.kill()
+                raise WorkerGoneError(1, b"answered outside the protocol: " + got[:200])
             self._wait_readable(deadline, stage)
             chunk = os.read(self.proc.stdout.fileno(), 65536)
             if not chunk:

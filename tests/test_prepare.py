@@ -315,3 +315,18 @@ def test_what_a_kept_renderer_says_before_it_dies_at_its_start_is_the_reason_it_
         assert b"libpdfium.so: cannot open shared object file" in gone.value.stderr
     finally:
         worker.close()
+
+
+def test_a_renderer_that_answers_outside_the_protocol_fails_the_page_instead_of_filling_memory(tmp_path, renderers):
+    """A wrapper that ignores ``--serve`` and prints without end: the answer's header is bounded."""
+    chatty = tmp_path / RENDERER
+    chatty.write_text("#!/bin/sh\nyes | tr -d '\\n'\n")
+    chatty.chmod(0o755)
+    worker = renderers.take((str(chatty), "--serve"), SETTINGS.tool_memory_mb, "render")
+    try:
+        with pytest.raises(WorkerGoneError) as gone:
+            worker.ask({"pdf": str(corpus_file("linn.pdf")), "page": 1}, 30, "render")
+        assert gone.value.stderr.startswith(b"answered outside the protocol: yyyy")
+        assert not worker.alive
+    finally:
+        worker.close()
