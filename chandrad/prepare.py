@@ -353,7 +353,9 @@ def _render_in_worker(
     while True:
         worker = workers.take(command, settings.tool_memory_mb, "render", fresh=fresh)
         try:
-            answer, pixels = worker.ask(request, settings.subprocess_timeout_seconds, "render")
+            # RGB within max_page_pixels: a child that announces more is not a renderer to trust.
+            max_bytes = 3 * settings.max_page_pixels + 3 * 65536
+            answer, pixels = worker.ask(request, settings.subprocess_timeout_seconds, "render", max_bytes)
         except WorkerGoneError as gone:
             worker.close()
             if worker.served and gone.returncode not in (-signal.SIGKILL, -signal.SIGTERM):

@@ -190,9 +190,12 @@ class ToolWorker:
             except (ProcessLookupError, PermissionError, OSError):
                 pass
 
-    def ask(self, request: dict[str, Any], timeout: float, stage: str) -> tuple[dict[str, Any], bytes]:
-        """The answer to ``request`` within ``timeout`` seconds. Raises ToolTimeoutError (the child is
-        killed) or WorkerGoneError (the child is gone; its exit code and stderr say why)."""
+    def ask(
+        self, request: dict[str, Any], timeout: float, stage: str, max_bytes: int | None = None
+    ) -> tuple[dict[str, Any], bytes]:
+        """The answer to ``request`` within ``timeout`` seconds, its raw part at most ``max_bytes``.
+        Raises ToolTimeoutError (the child is killed) or WorkerGoneError (the child is gone; its
+        exit code and stderr say why)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         deadline = time.monotonic() + timeout
         registry = running_tools.get()
@@ -208,6 +211,8 @@ class ToolWorker:
             try:
                 answer = json.loads(header)
                 size = int(answer["bytes"])
+                if size < 0 or (max_bytes is not None and size > max_bytes):
+                    raise ValueError(f"{size} bytes")
             except (ValueError, KeyError, TypeError):
                 self.kill()
                 raise WorkerGoneError(1, b"answered outside the protocol: " + header[:200]) from None
