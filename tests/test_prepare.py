@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -19,7 +21,7 @@ from chandrad.config import PrepareSettings
 from chandrad.errors import PermanentError, TransientError
 from chandrad.prepare import RENDERER, is_blank, open_regular, page_dpi, prepare_document, sniff
 from chandrad.testing import render_pages
-from chandrad.tools import ToolWorkers, WorkerGoneError, kill_tools, running_tools
+from chandrad.tools import ToolWorker, ToolWorkers, WorkerGoneError, kill_tools, running_tools
 from tests.conftest import corpus_file
 
 SETTINGS = PrepareSettings()
@@ -300,46 +302,43 @@ def test_stopping_a_document_kills_the_kept_renderer_at_work_on_its_page(tmp_pat
     assert "killed by SIGKILL" in failure[0].reason
 
 
+@contextlib.contextmanager
+def fake_renderer(tmp_path: Path, renderers: ToolWorkers, script: str) -> Iterator[ToolWorker]:
+    """A kept renderer that runs ``script`` (shell) in place of ``chandrad-render-page --serve``."""
+    program = tmp_path / RENDERER
+    program.write_text("#!/bin/sh\n" + script)
+    program.chmod(0o755)
+    worker = renderers.take((str(program), "--serve"), SETTINGS.tool_memory_mb, "render")
+    try:
+        yield worker
+    finally:
+        worker.close()
+
+
 def test_what_a_kept_renderer_says_before_it_dies_at_its_start_is_the_reason_it_gives(tmp_path, renderers):
     """It may end before its first request is written (a library it cannot load): its words
     still reach the error, however late the request comes."""
-    broken = tmp_path / RENDERER
-    broken.write_text("#!/bin/sh\necho 'libpdfium.so: cannot open shared object file' >&2\nexit 1\n")
-    broken.chmod(0o755)
-    worker = renderers.take((str(broken), "--serve"), SETTINGS.tool_memory_mb, "render")
-    try:
+    script = "echo 'libpdfium.so: cannot open shared object file' >&2\nexit 1\n"
+    with fake_renderer(tmp_path, renderers, script) as worker:
         worker.proc.wait(timeout=10)  # dead before it is asked
         with pytest.raises(WorkerGoneError) as gone:
             worker.ask({"pdf": str(corpus_file("linn.pdf")), "page": 1}, 10, "render")
-        assert gone.value.returncode == 1
-        assert b"libpdfium.so: cannot open shared object file" in gone.value.stderr
-    finally:
-        worker.close()
+    assert gone.value.returncode == 1
+    assert b"libpdfium.so: cannot open shared object file" in gone.value.stderr
 
 
 def test_a_renderer_that_answers_outside_the_protocol_fails_the_page_instead_of_filling_memory(tmp_path, renderers):
     """A wrapper that ignores ``--serve`` and prints without end: the answer's header is bounded."""
-    chatty = tmp_path / RENDERER
-    chatty.write_text("#!/bin/sh\nyes | tr -d '\\n'\n")
-    chatty.chmod(0o755)
-    worker = renderers.take((str(chatty), "--serve"), SETTINGS.tool_memory_mb, "render")
-    try:
+    with fake_renderer(tmp_path, renderers, "yes | tr -d '\\n'\n") as worker:
         with pytest.raises(WorkerGoneError) as gone:
             worker.ask({"pdf": str(corpus_file("linn.pdf")), "page": 1}, 30, "render")
-        assert gone.value.stderr.startswith(b"answered outside the protocol: yyyy")
         assert not worker.alive
-    finally:
-        worker.close()
+    assert gone.value.stderr.startswith(b"answered outside the protocol: yyyy")
 
 
 def test_a_renderer_that_announces_more_pixels_than_a_page_may_hold_is_not_read(tmp_path, renderers):
-    boastful = tmp_path / RENDERER
-    boastful.write_text('#!/bin/sh\nread request\necho \'{"exit": 0, "bytes": 1000000000000}\'\nsleep 30\n')
-    boastful.chmod(0o755)
-    worker = renderers.take((str(boastful), "--serve"), SETTINGS.tool_memory_mb, "render")
-    try:
+    script = 'read request\necho \'{"exit": 0, "bytes": 1000000000000}\'\nsleep 30\n'
+    with fake_renderer(tmp_path, renderers, script) as worker:
         with pytest.raises(WorkerGoneError) as gone:
             worker.ask({"pdf": "x", "page": 1}, 30, "render", max_bytes=3 * SETTINGS.max_page_pixels)
-        assert b"answered outside the protocol" in gone.value.stderr, "refused at its header"
-    finally:
-        worker.close()
+    assert b"answered outside the protocol" in gone.value.stderr, "refused at its header"
