@@ -338,7 +338,6 @@ def test_a_renderer_that_answers_outside_the_protocol_fails_the_page_instead_of_
 
 def test_a_renderer_that_announces_more_pixels_than_a_page_may_hold_is_not_read(tmp_path, renderers):
     script = 'read request\necho \'{"exit": 0, "bytes": 1000000000000}\'\nsleep 30\n'
-    with fake_renderer(tmp_path, renderers, script) as worker:
-        with pytest.raises(WorkerGoneError) as gone:
-            worker.ask({"pdf": "x", "page": 1}, 30, "render", max_bytes=3 * SETTINGS.max_page_pixels)
+    with fake_renderer(tmp_path, renderers, script) as worker, pytest.raises(WorkerGoneError) as gone:
+        worker.ask({"pdf": "x", "page": 1}, 30, "render", max_bytes=3 * SETTINGS.max_page_pixels)
     assert b"answered outside the protocol" in gone.value.stderr, "refused at its header"
