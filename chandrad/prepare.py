@@ -349,12 +349,12 @@ def _render_in_worker(
         "min_dpi": settings.min_dpi,
         "password": password,
     }
+    # RGB within max_page_pixels: a child that announces more is not a renderer to trust.
+    max_bytes = 3 * settings.max_page_pixels + 3 * 65536
     fresh = False
     while True:
         worker = workers.take(command, settings.tool_memory_mb, "render", fresh=fresh)
         try:
-            # RGB within max_page_pixels: a child that announces more is not a renderer to trust.
-            max_bytes = 3 * settings.max_page_pixels + 3 * 65536
             answer, pixels = worker.ask(request, settings.subprocess_timeout_seconds, "render", max_bytes)
         except WorkerGoneError as gone:
             worker.close()

@@ -71,26 +71,14 @@ def run_tool(
     of it is permanent. It runs at a lower CPU priority than the daemon (``priority.lower_priority``).
     """
     timeout, memory_mb = settings.subprocess_timeout_seconds, settings.tool_memory_mb
-    try:
-        proc = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            env={**os.environ, **env} if env else None,
-        )
-    except FileNotFoundError:
-        raise TransientError(
-            f"{args[0]} is not installed; install it (chandrad check lists what is missing)", stage=stage
-        ) from None
-    lower_priority(proc.pid)
-    if memory_mb:
-        # Set from outside right after the start (no preexec_fn: unsafe in a threaded daemon).
-        try:
-            resource.prlimit(proc.pid, resource.RLIMIT_AS, (memory_mb * 2**20, memory_mb * 2**20))
-        except (ProcessLookupError, PermissionError, OSError):
-            pass
+    proc = _start(
+        args,
+        stage,
+        memory_mb,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **env} if env else None,
+    )
     registry = running_tools.get()
     if registry is not None:
         registry.add(proc)
@@ -125,11 +113,35 @@ def ran_out_of_memory(program: str, stderr: bytes, memory_mb: int, stage: str) -
     )
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _start(args: list[str] | tuple[str, ...], stage: str, memory_mb: int, **pipes: Any) -> subprocess.Popen[bytes]:
+    """A program started as every tool is: its stdout a pipe, in a process group of its own, at a
+    lower CPU priority, its address space capped at ``memory_mb`` (0: no cap); a missing program is
+    transient. ``pipes``: its stdin, stderr and environment, as ``subprocess.Popen`` takes them."""
+    try:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, start_new_session=True, **pipes)
+    except FileNotFoundError:
+        raise TransientError(
+            f"{args[0]} is not installed; install it (chandrad check lists what is missing)", stage=stage
+        ) from None
+    lower_priority(proc.pid)
+    if memory_mb:
+        # Set from outside right after the start (no preexec_fn: unsafe in a threaded daemon).
+        try:
+            resource.prlimit(proc.pid, resource.RLIMIT_AS, (memory_mb * 2**20, memory_mb * 2**20))
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+    return proc
+
+
+def _sigkill_group(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         proc.kill()
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    _sigkill_group(proc)
     proc.communicate()
 
 
@@ -170,25 +182,11 @@ class ToolWorker:
         # a library's warnings and stall the child; the file keeps the last request's words for a crash.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (it lives as long as the child: close())
         try:
-            self.proc = subprocess.Popen(
-                command,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=self._stderr,
-                start_new_session=True,
-            )
-        except FileNotFoundError:
+            self.proc = _start(command, stage, memory_mb, stdin=subprocess.PIPE, stderr=self._stderr)
+        except TransientError:
             self._stderr.close()
-            raise TransientError(
-                f"{command[0]} is not installed; install it (chandrad check lists what is missing)", stage=stage
-            ) from None
+            raise
         self.command, self.memory_mb, self.served = command, memory_mb, 0
-        lower_priority(self.proc.pid)
-        if memory_mb:
-            try:
-                resource.prlimit(self.proc.pid, resource.RLIMIT_AS, (memory_mb * 2**20, memory_mb * 2**20))
-            except (ProcessLookupError, PermissionError, OSError):
-                pass
 
     def ask(
         self, request: dict[str, Any], timeout: float, stage: str, max_bytes: int | None = None
@@ -281,10 +279,7 @@ class ToolWorker:
         return self.proc.poll() is None
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            self.proc.kill()
+        _sigkill_group(self.proc)
         self.proc.wait()
 
     def close(self) -> None:
