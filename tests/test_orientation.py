@@ -154,11 +154,17 @@ def test_a_blank_or_sparse_page_stays_as_it_is(name, quick_check):
         assert orientation.turn == 0
 
 
-def test_without_tesseract_a_page_is_read_as_it_is(monkeypatch):
+def test_without_tesseract_a_page_is_read_as_it_is_and_never_written_out_for_it(monkeypatch):
+    page = _page_image("linn.pdf").rotate(90, expand=True)
     monkeypatch.setenv("PATH", "/nonexistent")
-    settings = PrepareSettings(orientation_quick_check=False)
-    orientation = detect_orientation(_page_image("linn.pdf").rotate(90, expand=True), 192, settings)
+
+    def no_writes(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the page was encoded for a tesseract that is not there")
+
+    monkeypatch.setattr(Image.Image, "save", no_writes)
+    orientation = detect_orientation(page, 192, PrepareSettings(orientation_quick_check=False))
     assert orientation == Orientation(note=orientation.note) and "not installed" in orientation.note
+    assert "apt-get install tesseract-ocr" in orientation.note
 
 
 def test_leptonica_turns_a_page_of_text_without_asking_tesseract(monkeypatch):

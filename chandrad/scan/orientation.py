@@ -13,6 +13,7 @@ photo, a blank back, a sparse form) stays as it is.
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,11 @@ from chandrad.tools import run_tool
 # US-Letter page at prepare's 192 dpi is 2 112 px tall); much smaller loses characters
 # (bench/orientation.py: confidence falls by half at 1 000 px).
 OSD_MAX_SIDE = 2400
+
+TESSERACT_MISSING = (
+    "tesseract is not installed; install tesseract-ocr (Debian: apt-get install tesseract-ocr) "
+    "to turn pages upright that Leptonica cannot judge"
+)
 
 _ROTATE = re.compile(r"^Rotate:\s*(\d+)", re.MULTILINE)
 _CONFIDENCE = re.compile(r"^Orientation confidence:\s*([0-9.]+)", re.MULTILINE)
@@ -90,16 +96,22 @@ def detect_orientation(
     if settings.orientation_quick_check and (quick := leptonica.text_orientation(copy.convert("L"))) is not None:
         angle, confidence = quick
         return Orientation(angle, confidence, turned=angle != 0, method="leptonica")
+    if shutil.which("tesseract") is None:
+        # Before the page is written out for it: on a GPU host without tesseract that write was a
+        # sixth of the daemon's own CPU in a wave (bench/NOTES-overhead.md).
+        return Orientation(note=f"orientation not detected: {TESSERACT_MISSING}")
     with tempfile.TemporaryDirectory(prefix="chandrad-osd-") as folder:
-        page_png = Path(folder) / "page.png"
+        # Uncompressed TIFF: written in ~10 ms where PNG's compression took ~80 ms (a 2 400 px
+        # page), read by tesseract alike, and, unlike PNM, it carries the resolution.
+        page_tiff = Path(folder) / "page.tif"
         # Tesseract judges text size by it; below 70 it assumes 70 anyway (with a warning).
         resolution = max(70, round(dpi * scale))
-        copy.save(page_png, "PNG", dpi=(resolution, resolution))
+        copy.save(page_tiff, "TIFF", dpi=(resolution, resolution))
         try:
             # One thread: pages are judged side by side, a core each; tesseract's OpenMP would
             # otherwise start a thread per core for every one of them.
             done = run_tool(
-                ["tesseract", str(page_png), "stdout", "--psm", "0", "--dpi", str(resolution)],
+                ["tesseract", str(page_tiff), "stdout", "--psm", "0", "--dpi", str(resolution)],
                 settings,
                 "orient",
                 env={"OMP_THREAD_LIMIT": "1"},
