@@ -149,6 +149,27 @@ def test_each_page_is_rendered_by_vllms_renderer_threads_not_on_the_event_loop(t
     assert calls and all(count == 1 for count in calls), "every attempt's prompt went through the renderer"
 
 
+def test_vllm_names_each_page_image_by_our_id_and_never_copies_its_pixels_to_hash_them(
+    tight_engine, engine_loop, monkeypatch
+):
+    # Hashing a page's pixels copies them under the GIL that every replica's front end shares with
+    # the daemon: a sixth of the daemon process's GIL time in the H100 wave.
+    from vllm.multimodal.hasher import MultiModalHasher
+
+    serialize, hashed = MultiModalHasher.serialize_item.__func__, []
+
+    def recording(cls, obj):
+        hashed.append(type(obj).__name__)
+        return serialize(cls, obj)
+
+    monkeypatch.setattr(MultiModalHasher, "serialize_item", classmethod(recording))
+    tight_engine.repeat_calls.clear()
+    page = Image.new("RGB", SMALL_PAGE)
+    result = engine_loop.run_until_complete(tight_engine.ocr(PageRequest("doc-named", 5, page)))
+    assert result.retries == 2, "three reads of the page, each named alike"
+    assert not [kind for kind in hashed if "Image" in kind or kind == "ndarray"], hashed
+
+
 def test_concurrent_pages_are_batched_by_the_engine(tight_engine, engine_loop):
     async def many() -> list:
         return await asyncio.gather(

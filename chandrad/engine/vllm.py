@@ -303,16 +303,21 @@ class VllmEngine:
         max_tokens = max_tokens or self.settings.max_tokens
         max_retries = self.settings.max_retries if retries is None else retries
         started = time.monotonic()
+        # The page image's name for vLLM's caches, the same for every attempt at this page: without
+        # one vLLM names an image by hashing its pixels, copying them first under the GIL (a sixth
+        # of the daemon process's GIL time in the H100 wave, bench/NOTES-overhead.md), and every
+        # replica's front end shares the daemon's one GIL. Unique to this read of this page.
+        image_id = f"{request.doc_id}-p{request.page_no}-{uuid.uuid4().hex[:12]}"
         if not self._encoders:
-            return await self._read(instance, request, image, max_tokens, max_retries, started)
+            return await self._read(instance, request, image, max_tokens, max_retries, started, image_id)
         # encoder-split: both engines must name the image alike, or the language model never finds
         # the encoder's output and encodes the image again itself (vLLM names it by a per-request id
         # when the encoder engine has no caches). The name is ours, so is the file: ~17 MB a page
         # for Chandra 2, which vLLM's example connector never deletes.
-        ec_id = f"{request.doc_id}-p{request.page_no}-{uuid.uuid4().hex[:12]}"
+        ec_id = image_id
         try:
-            await self._generate(self._encoders[0], request, image, 1, 0.0, 1.0, attempt=-1, ec_id=ec_id)
-            return await self._read(instance, request, image, max_tokens, max_retries, started, ec_id)
+            await self._generate(self._encoders[0], request, image, 1, 0.0, 1.0, -1, image_id, ec_id=ec_id)
+            return await self._read(instance, request, image, max_tokens, max_retries, started, image_id, ec_id)
         finally:
             # The file is named by the id, or (vLLM 0.26, with processor kwargs) by a hash of it,
             # which is what the prompts rendered for this page carry.
@@ -328,11 +333,12 @@ class VllmEngine:
         max_tokens: int,
         max_retries: int,
         started: float,
+        image_id: str,
         ec_id: str | None = None,
     ) -> PageResult:
         async def attempt_once(attempt: int, sampling: Sampling) -> Completion:
             output = await self._generate(
-                instance, request, image, max_tokens, sampling.temperature, sampling.top_p, attempt, ec_id
+                instance, request, image, max_tokens, sampling.temperature, sampling.top_p, attempt, image_id, ec_id
             )
             completion = output.outputs[0]
             return Completion(
@@ -356,6 +362,7 @@ class VllmEngine:
         temperature: float,
         top_p: float,
         attempt: int,
+        image_id: str,
         ec_id: str | None = None,
     ) -> Any:
         from vllm import SamplingParams
@@ -385,9 +392,8 @@ class VllmEngine:
         prompt: dict[str, Any] = {
             "prompt": instance.prompt_by_type[request.prompt_type],
             "multi_modal_data": {"image": image},
+            "multi_modal_uuids": {"image": [image_id]},
         }
-        if ec_id is not None:
-            prompt["multi_modal_uuids"] = {"image": [ec_id]}
         request_id = f"{request.doc_id}-p{request.page_no}-a{attempt}-{uuid.uuid4().hex[:8]}"
         final = None
         try:
