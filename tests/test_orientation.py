@@ -217,3 +217,15 @@ def test_word_recall_of_turned_scans_through_the_engine_is_within_two_points_of_
             (page,) = json.loads((folder / f"{path.stem}.json").read_text())["pages"]
             angle = int(path.stem.split("-")[-1] if path.suffix == ".png" else path.stem.split("-")[-2])
             assert page["orientation"]["turned"] == (angle != 0) and page["orientation"]["angle"] == angle
+
+
+def test_the_start_warns_of_a_missing_tesseract_only_where_an_inbox_or_one_of_its_rules_turns_pages(tmp_path):
+    from chandrad.config import Settings
+    from chandrad.service.starting import turns_pages
+
+    def settings(inbox: dict) -> Settings:
+        return Settings.model_validate({"state_dir": tmp_path / "state", "inbox": [{"path": tmp_path, **inbox}]})
+
+    assert turns_pages(settings({})), "rotate_pages is on by default"
+    assert not turns_pages(settings({"rotate_pages": False}))
+    assert turns_pages(settings({"rotate_pages": False, "rule": [{"match": "feeder/**", "rotate_pages": True}]}))

@@ -500,3 +500,27 @@ async def test_an_original_read_as_it_is_is_prepared_while_every_ghostscript_slo
     async with asyncio.timeout(120):
         await waiting
     assert (lossy.doc.state, lossy.doc.page_count) == ("inferring", 1)
+
+
+async def test_without_tesseract_each_page_is_read_as_it_is_with_an_info_line_not_a_warning_a_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a GPU host tesseract may be missing (the daemon warns once at its start): a backlog of
+    # scans must not log a warning for every page Leptonica cannot judge.
+    import structlog
+
+    world = make_world(tmp_path, prepare={"orientation_quick_check": False})  # every page asks tesseract
+    image = Image.new("L", (900, 160), 255)
+    ImageDraw.Draw(image).text((20, 40), "Invoice 4711 paid", fill=0, font=ImageFont.load_default(size=48))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    doc = await world.take_in("invoice.png", buffer.getvalue())
+    which = shutil.which
+    # Test double for a machine without tesseract: it is installed here, for the other tests.
+    monkeypatch.setattr(shutil, "which", lambda name, *args, **kwargs: None if name == "tesseract" else which(name))
+    with structlog.testing.capture_logs() as logs:
+        outcome = await world.stages(PageEngine()).run(doc.id)
+    assert outcome.state == "published"
+    orientation_lines = [(line["log_level"], line["event"]) for line in logs if "orientation" in line["event"]]
+    assert orientation_lines == [("info", "page orientation not judged; read as it is")]
+    assert document_json(outcome.output_dir)["pages"][0]["orientation"]["turned"] is False

@@ -25,7 +25,7 @@ from chandrad.pdf.lines import PageLines, page_text_lines
 from chandrad.runtime import Runtime
 from chandrad.scan.blank import Blankness, ink_share, judge_blank
 from chandrad.scan.digital import PDF_TEXT_ENGINE, PageText, text_page_html
-from chandrad.scan.orientation import Orientation, detect_orientation, turned_upright
+from chandrad.scan.orientation import TESSERACT_MISSING, Orientation, detect_orientation, turned_upright
 from chandrad.storage.folders import inbox_reachable
 from chandrad.storage.journal import Document
 from chandrad.storage.schema import PageRecord
@@ -213,6 +213,9 @@ class PageReader:
             ink, orientation = await asyncio.to_thread(_look_at, page, inbox, self.runtime.settings.prepare)
         if orientation.turned:
             log.info("page turned upright", turn=orientation.turn, confidence=orientation.confidence)
+        elif orientation.note.endswith(TESSERACT_MISSING):
+            # Told once, as a warning, when the daemon starts (Daemon.startup): not once a page.
+            log.info("page orientation not judged; read as it is", reason=orientation.note)
         elif orientation.note.startswith("orientation not detected"):
             log.warning("page orientation not detected; read as it is", reason=orientation.note)
         return ink, orientation

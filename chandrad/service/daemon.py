@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -36,6 +37,7 @@ from chandrad.model.cache import is_hub_id, process_hub_cache
 from chandrad.model.fetch import fetch_model_async
 from chandrad.model.progress import FetchProgress
 from chandrad.output.delivery import Deliverer
+from chandrad.scan.orientation import TESSERACT_MISSING
 from chandrad.service.notify import Notifier
 from chandrad.service.starting import (
     end_engines_of_a_killed_chandrad,
@@ -43,6 +45,7 @@ from chandrad.service.starting import (
     report_download,
     run_unless_stopped,
     serve_metrics,
+    turns_pages,
 )
 from chandrad.service.stopping import EXIT_RESERVE_SECONDS, Backstop, LoopTasks, where_it_waits
 from chandrad.service.workqueue import WorkQueue
@@ -224,6 +227,8 @@ class Daemon:
         # just before our first heartbeat.
         await self._check_host_id_free()
         serve_metrics(self.metrics, self.settings.metrics_address)
+        if turns_pages(self.settings) and await self._blocking(shutil.which, "tesseract") is None:
+            log.warning("pages Leptonica cannot judge will not be turned upright", reason=TESSERACT_MISSING)
         await end_engines_of_a_killed_chandrad(self.settings.state_dir)
         # The model's files first, when this engine loads them itself from the hub cache (not a
         # local folder, not a remote server, not an engine handed in): a model not downloaded yet

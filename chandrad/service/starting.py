@@ -11,6 +11,7 @@ from typing import Any
 
 import structlog
 
+from chandrad.config import Settings
 from chandrad.engine.processes import end_engines_left_behind
 from chandrad.errors import ConfigError
 from chandrad.metrics import Metrics
@@ -88,3 +89,8 @@ async def end_engines_of_a_killed_chandrad(state_dir: Path) -> None:
             "held GPU memory the new engines need)",
             pids=left_behind,
         )
+
+
+def turns_pages(settings: Settings) -> bool:
+    """Whether some inbox, or a rule of one, turns pages upright (``rotate_pages``)."""
+    return any(inbox.rotate_pages or any(rule.rotate_pages for rule in inbox.rule) for inbox in settings.inbox)
