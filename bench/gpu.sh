@@ -3,6 +3,9 @@
 # Prepare the carried files here first: bench/stage-device.sh (chandrad snapshot, make_model.py,
 # poppler bundle, chandrad's pure-Python deps as wheels) and ../shared/device/stage-vllm.sh
 # (vLLM 0.26.0 in chunks .vllm-c1..7, one `run` per chunk: mkdir -p /root/stage && cp .vllm-cK/* /root/stage/).
+# Carry .bench-carry with its poppler/ for a bench or pair run: without it the pages are dropped as
+# PNG, not PDF (setup_poppler), and the figures do not compare with PDF runs (2026-12-07's pair).
+# The daemon here finds no tesseract or Leptonica unless they are installed: pages are not turned.
 #
 #   bench/gpu.sh install              after the last chunk: install vLLM + wheels into /root/site,
 #                                     write the chandra2-like stand-in (make_model.py --full-vocab)
