@@ -314,14 +314,15 @@ class VllmEngine:
         # the encoder's output and encodes the image again itself (vLLM names it by a per-request id
         # when the encoder engine has no caches). The name is ours, so is the file: ~17 MB a page
         # for Chandra 2, which vLLM's example connector never deletes.
-        ec_id = image_id
         try:
-            await self._generate(self._encoders[0], request, image, 1, 0.0, 1.0, -1, image_id, ec_id=ec_id)
-            return await self._read(instance, request, image, max_tokens, max_retries, started, image_id, ec_id)
+            await self._generate(self._encoders[0], request, image, 1, 0.0, 1.0, -1, image_id, encoder_split=True)
+            return await self._read(
+                instance, request, image, max_tokens, max_retries, started, image_id, encoder_split=True
+            )
         finally:
             # The file is named by the id, or (vLLM 0.26, with processor kwargs) by a hash of it,
             # which is what the prompts rendered for this page carry.
-            for name in {ec_id, *self._ec_names.pop(ec_id, ())}:
+            for name in {image_id, *self._ec_names.pop(image_id, ())}:
                 # Not awaited: this also runs while the page is being cancelled.
                 asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, self.ec_storage / name, True)
 
@@ -334,11 +335,19 @@ class VllmEngine:
         max_retries: int,
         started: float,
         image_id: str,
-        ec_id: str | None = None,
+        encoder_split: bool = False,
     ) -> PageResult:
         async def attempt_once(attempt: int, sampling: Sampling) -> Completion:
             output = await self._generate(
-                instance, request, image, max_tokens, sampling.temperature, sampling.top_p, attempt, image_id, ec_id
+                instance,
+                request,
+                image,
+                max_tokens,
+                sampling.temperature,
+                sampling.top_p,
+                attempt,
+                image_id,
+                encoder_split,
             )
             completion = output.outputs[0]
             return Completion(
@@ -363,7 +372,7 @@ class VllmEngine:
         top_p: float,
         attempt: int,
         image_id: str,
-        ec_id: str | None = None,
+        encoder_split: bool = False,
     ) -> Any:
         from vllm import SamplingParams
         from vllm.exceptions import VLLMValidationError
@@ -398,8 +407,8 @@ class VllmEngine:
         final = None
         try:
             engine_input = await _render_off_loop(instance.llm, prompt)
-            if ec_id is not None:
-                self._ec_names.setdefault(ec_id, set()).update(_mm_hashes(engine_input))
+            if encoder_split:
+                self._ec_names.setdefault(image_id, set()).update(_mm_hashes(engine_input))
             async for output in instance.llm.generate(engine_input, params, request_id=request_id):
                 final = output
         except EngineDeadError as error:
