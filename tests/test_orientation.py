@@ -19,6 +19,7 @@ from PIL import Image
 
 from chandrad import prepare
 from chandrad.config import PrepareSettings
+from chandrad.scan import leptonica
 from chandrad.scan.orientation import Orientation, detect_orientation, turned_upright
 from tests.conftest import corpus_file, once_with_tesseract
 
@@ -173,6 +174,47 @@ def test_leptonica_turns_a_page_of_text_without_asking_tesseract(monkeypatch):
         orientation = detect_orientation(_page_image("linn.pdf").rotate(angle, expand=True), 192, PrepareSettings())
         assert orientation.method == "leptonica" and orientation.angle == angle, (angle, orientation)
         assert orientation.turned == (angle != 0)
+
+
+def _both_tests_decision(grey: Image.Image) -> tuple[int, float] | None:
+    """Leptonica's answer with both of its tests run (as before the sideways test could be skipped)."""
+    import ctypes
+
+    lib = leptonica._library()
+    data, _ = leptonica._words(grey)
+    pix = ctypes.c_void_p(lib.pixCreate(grey.width, grey.height, 1))
+    ctypes.memmove(lib.pixGetData(pix), data.ctypes.data, data.nbytes)
+    up, left, decided = ctypes.c_float(), ctypes.c_float(), ctypes.c_int(0)
+    lib.pixOrientDetect(pix, ctypes.byref(up), ctypes.byref(left), 0, 0)
+    lib.makeOrientDecision(up, left, 0.0, 0.0, ctypes.byref(decided), 0)
+    lib.pixDestroy(ctypes.byref(pix))
+    turn = leptonica._TURN_OF.get(decided.value)
+    return None if turn is None else (turn, round(max(abs(up.value), abs(left.value)), 2))
+
+
+@pytest.mark.skipif(not leptonica.available(), reason="Leptonica (liblept5) is not installed")
+def test_leptonica_skips_its_sideways_test_only_where_the_answer_stays_the_same(monkeypatch):
+    lib = leptonica._library()
+    real_detect = lib.pixOrientDetect
+    sideways_tests = []
+
+    def counting_detect(pix, up, left, mincount, debug):
+        sideways_tests.append(left is not None)
+        return real_detect(pix, up, left, mincount, debug)
+
+    monkeypatch.setattr(lib, "pixOrientDetect", counting_detect)
+    # linn: dense print (its up/down measure is 37 upright); c02-22: less text (17), where both
+    # tests still run; typewriter: print Leptonica decides only just (12)
+    for name in ("linn.pdf", "c02-22.pdf", "typewriter.png"):
+        grey = _page_image(name).convert("L")
+        for angle in (0, 90, 180, 270):
+            turned = grey.rotate(angle, expand=True)
+            expected = _both_tests_decision(turned)
+            sideways_tests.clear()
+            assert leptonica.text_orientation(turned) == expected, (name, angle)
+            if name == "linn.pdf":
+                # upright or upside down beyond doubt: the sideways test (half the cost) is not run
+                assert any(sideways_tests) == (angle in (90, 270)), (angle, sideways_tests)
 
 
 def test_a_page_leptonica_cannot_decide_goes_to_tesseract():

@@ -72,10 +72,12 @@ def _page_files(
 def _look_at(page: prepare.PageImage, inbox: InboxSettings, settings: PrepareSettings) -> tuple[float, Orientation]:
     """A page before it is read (one thread hop): its ink (``scan.blank``), measured once for both
     the blank-page judgement and orientation, and which way it is up (``rotate_pages``)."""
-    ink = ink_share(page.image)
+    # One greyscale copy for both: converting a rendered page costs about as much as judging it.
+    grey = page.image if page.image.mode == "L" else page.image.convert("L")
+    ink = ink_share(grey)
     if not inbox.rotate_pages:
         return ink, Orientation(note="rotate_pages is off")
-    return ink, detect_orientation(page.image, page.dpi, settings, ink)
+    return ink, detect_orientation(grey, page.dpi, settings, ink)
 
 
 class PageReader:

@@ -1,7 +1,7 @@
 """A page turned upright before the model sees it, on a greyscale copy no larger than ``OSD_MAX_SIDE``.
 
 Two judges, the cheap one first (``prepare.orientation_quick_check``): Leptonica's text-line
-test (``scan.leptonica``, ~20 ms a page), which decides most pages of text or says it cannot;
+test (``scan.leptonica``, ~10-25 ms a page), which decides most pages of text or says it cannot;
 then, for the pages it cannot decide, tesseract's orientation and script detection (``--psm 0``,
 as OCRmyPDF and paperless-ngx use it; ~0.6 s), in a child process with the tools' deadline and
 memory cap. Either answers with the clockwise turn that makes the page upright (0, 90, 180 or
@@ -93,7 +93,8 @@ def detect_orientation(
         copy = copy.resize(
             (max(1, round(copy.width * scale)), max(1, round(copy.height * scale))), Image.Resampling.BILINEAR
         )
-    if settings.orientation_quick_check and (quick := leptonica.text_orientation(copy.convert("L"))) is not None:
+    grey = copy if copy.mode == "L" else copy.convert("L")
+    if settings.orientation_quick_check and (quick := leptonica.text_orientation(grey)) is not None:
         angle, confidence = quick
         return Orientation(angle, confidence, turned=angle != 0, method="leptonica")
     if shutil.which("tesseract") is None:
