@@ -51,6 +51,27 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: igno
             handle.write("\n".join(rows) + "\n")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+    """A failed test that ran real daemons shows the end of each one's log in its report: CI keeps
+    only what pytest printed, and "timed out waiting for ..." alone does not say what the daemon did."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    factory = getattr(item, "funcargs", {}).get("daemon_factory")
+    for number, daemon in enumerate(getattr(factory, "made", ()), 1):
+        if not daemon.log_path.exists():
+            continue
+        lines = daemon.log_path.read_text(errors="replace").splitlines()[-DAEMON_LOG_LINES_ON_FAILURE:]
+        report.sections.append((f"daemon {number}: its log's last {len(lines)} lines", "\n".join(
+            line if len(line) <= 400 else line[:400] + " …" for line in lines
+        )))
+
+
+DAEMON_LOG_LINES_ON_FAILURE = 40
+
+
 @pytest.fixture(autouse=True)
 def _reset_logging() -> Iterator[None]:
     """Undo ``configure_logging`` after each test: a command run in-process (``CliRunner``) points
@@ -245,6 +266,7 @@ def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
         made.append(daemon)
         return daemon
 
+    make.made = made  # type: ignore[attr-defined]  # for pytest_runtest_makereport's log tail
     yield make
     for daemon in made:
         if daemon.alive:
