@@ -5,7 +5,10 @@
 # (vLLM 0.26.0 in chunks .vllm-c1..7, one `run` per chunk: mkdir -p /root/stage && cp .vllm-cK/* /root/stage/).
 # Carry .bench-carry with its poppler/ for a bench or pair run: without it the pages are dropped as
 # PNG, not PDF (setup_poppler), and the figures do not compare with PDF runs (2026-12-07's pair).
-# The daemon here finds no tesseract or Leptonica unless they are installed: pages are not turned.
+# The daemon here finds no tesseract or Leptonica unless they are installed or the tools bundle of
+# bench/stage-tools.sh was staged (`mkdir -p /root/tesspack && cp .tesspackK/* /root/tesspack/`, one
+# call a part, before `bench` or `pair`; setup_tools): without them pages are not judged for
+# orientation, and the daemon's CPU a page is not a real host's.
 #
 #   bench/gpu.sh install              after the last chunk: install vLLM + wheels into /root/site,
 #                                     write the chandra2-like stand-in (make_model.py --full-vocab)
@@ -86,6 +89,23 @@ print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', tran
   echo "install: $((SECONDS - t0)) s"
 }
 
+# The tools bundle, where its parts were staged: tesseract, Ghostscript and poppler on PATH (its
+# programs find their libraries beside them) and Leptonica for chandrad's ctypes load. Its lept/
+# holds liblept.so.5 alone, so the library path given to the daemon's process shadows nothing
+# that vLLM or torch load.
+TOOLS=${TOOLS:-/root/tess} TESSPACK=${TESSPACK:-/root/tesspack}
+setup_tools() {
+  if [ ! -x $TOOLS/bin/tesseract ] && ls $TESSPACK/tb.part.* >/dev/null 2>&1; then
+    mkdir -p $TOOLS && cat $TESSPACK/tb.part.* | tar xJf - -C $TOOLS || { echo "tools bundle: unpack failed"; return 0; }
+  fi
+  [ -x $TOOLS/bin/tesseract ] || { echo "tools: none staged (no orientation by tesseract or Leptonica)"; return 0; }
+  export PATH=$TOOLS/bin:$PATH LD_LIBRARY_PATH=$TOOLS/lept${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export TESSDATA_PREFIX=$TOOLS/tessdata GS_LIB=$TOOLS/gs/Resource/Init:$TOOLS/gs/lib:$TOOLS/gs/Resource/Font
+  export GS_OPTIONS="-sGenericResourceDir=$TOOLS/gs/Resource/ -sICCProfilesDir=$TOOLS/gs/iccprofiles/"
+  (cd $SRC && python3 -c "from chandrad.scan import leptonica; import shutil; \
+print('tools: tesseract', shutil.which('tesseract'), '| leptonica available:', leptonica.available())")
+}
+
 DROP=png
 setup_poppler() {
   if command -v pdftoppm >/dev/null && command -v pdfinfo >/dev/null; then DROP=pdf; echo "poppler: system"; return; fi
@@ -144,6 +164,7 @@ record_daemon() {
 
 bench() {
   local name=$1; shift
+  setup_tools
   setup_poppler
   local sampler= recorder=
   if [ -n "${STACKS:-}" ]; then sample_stacks "$name" "$STACKS" </dev/null >/dev/null 2>&1 & sampler=$!; fi
@@ -196,6 +217,7 @@ tune() {
 
 soak() {
   local name=$1; shift
+  setup_tools
   setup_poppler
   python3 bench/soak_gpu.py --src $SRC --model $MODEL --engine-arg gdn_prefill_backend=triton \
     --workdir /root/work-$name --out $OUT/$name.json --csv $OUT/$name.csv "$@" > $OUT/$name.log 2>&1
