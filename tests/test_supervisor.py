@@ -139,6 +139,57 @@ async def test_the_number_of_crashes_before_a_page_is_read_alone_is_configurable
     assert world.starts == 1 + poison_deaths + 1
 
 
+class SilentlyDyingEngine(CrashingEngine):
+    """Test double for vLLM's front end when its EngineCore is killed: the engine is marked dead at
+    once (what ``check_health`` sees), but the pages it holds are never told and wait on. vLLM does
+    this for the moment between marking its engine dead and failing the pages in flight; a
+    restart that closes it meanwhile leaves them waiting for good."""
+
+    async def ocr(self, request: PageRequest) -> PageResult:
+        if self.generation == 1:  # the first engine dies under its first pages
+            self.reading.add((request.doc_id, request.page_no))
+            self.alive = False
+            await asyncio.Event().wait()  # never answered
+        return await super().ocr(request)
+
+    async def check_health(self) -> None:
+        if not self.alive:
+            raise EngineDied("the stand-in engine is dead", stage="engine")
+
+
+async def test_pages_an_engine_never_answers_after_its_death_are_read_by_the_restarted_engine():
+    world = World()
+    settings = EngineSettings(kind="vllm", restart_backoff_seconds=0, health_check_seconds=0.05)
+    engine = SupervisedEngine(lambda: SilentlyDyingEngine(world), settings)
+    await engine.start()
+    try:
+        async with asyncio.timeout(10):  # without the restart handing them back: the page timeout, 600 s
+            results = await asyncio.gather(*(engine.ocr(PageRequest("doc", n, PAGE)) for n in range(1, 6)))
+        assert all(isinstance(result, PageResult) for result in results)
+        assert world.starts == 2 and engine.restarts == 1 and world.pages_read == 5
+    finally:
+        await engine.aclose()
+
+
+async def test_a_page_cancelled_from_outside_ends_its_read_before_the_cancel_returns():
+    world = World(slow={("doc", 1)})
+    engine = supervised(world)
+    await engine.start()
+    try:
+        reading = asyncio.ensure_future(engine.ocr(PageRequest("doc", 1, PAGE)))
+        await asyncio.sleep(0.05)
+        inner = next(iter(engine.engine.reading))  # type: ignore[union-attr]
+        assert inner == ("doc", 1)
+        reading.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reading
+        # the engine's own read was cancelled and finished its cleanup (its finally) first
+        assert not engine.engine.reading  # type: ignore[union-attr]
+        assert world.pages_read == 0
+    finally:
+        await engine.aclose()
+
+
 def replica_set(*worlds: World, poison_page_deaths: int = 2) -> ReplicaSet:
     settings = EngineSettings(kind="vllm", gpus=tuple(range(len(worlds))), restart_backoff_seconds=0,
                               health_check_seconds=3600, poison_page_deaths=poison_page_deaths)

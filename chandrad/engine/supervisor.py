@@ -26,6 +26,7 @@ both were down at once (bench/results/gpu-2xh200-soak-rerun-*).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -87,6 +88,8 @@ class SupervisedEngine:
         self.restarts = 0
         self.recycles = 0
         self._generation = 0
+        # Set when the engine of the current generation is replaced: see _read_on
+        self._generation_replaced = asyncio.Event()
         self._ready = asyncio.Event()
         self._restart_lock = asyncio.Lock()
         self._suspect_lock = asyncio.Lock()
@@ -148,6 +151,7 @@ class SupervisedEngine:
         self.engine = engine
         self.model = engine.model
         self._generation += 1
+        self._generation_replaced = asyncio.Event()
         self._pages_since_start = -self._recycle_delay_pages if self._generation == 1 else 0
         self._ready.set()
         log.info("engine up", generation=self._generation, seconds=round(time.monotonic() - started, 1))
@@ -191,6 +195,7 @@ class SupervisedEngine:
                         log.info("engine recycle skipped: chandrad is stopping", reason=reason)
                         return
             old, self.engine = self.engine, None
+            self._generation_replaced.set()  # its pages still in flight go back (_read_on)
             if old is not None:
                 await old.aclose()
             failures = 0
@@ -288,12 +293,12 @@ class SupervisedEngine:
                     except TimeoutError:
                         continue
                     await gate.wait()
-                engine, generation = self.engine, self._generation
+                engine, generation, replaced = self.engine, self._generation, self._generation_replaced
                 assert engine is not None
                 self._in_flight += 1
                 self._idle.clear()
                 try:
-                    result = await engine.ocr(request)
+                    result = await _read_on(engine, request, replaced)
                 except EngineDied as error:
                     died = error
                     if generation == self._generation:
@@ -335,3 +340,29 @@ class SupervisedEngine:
             if recycle_after is not None and self._pages_since_start >= recycle_after:
                 self._request_recycle(generation, f"planned after {self._pages_since_start} pages")
             return result
+
+
+async def _read_on(engine: RestartableEngine, request: PageRequest, replaced: asyncio.Event) -> PageResult:
+    """``engine.ocr(request)``, or ``EngineDied`` once ``replaced`` is set: the engine was restarted
+    while the page was in flight. vLLM marks its engine dead (what the health check sees) before
+    it tells the pages in flight; a restart closes its front end, and a page it had not told yet
+    was never answered: it waited for its page timeout (600 s), as did the pages with it."""
+    reading = asyncio.ensure_future(engine.ocr(request))
+    waiting = asyncio.ensure_future(replaced.wait())
+    try:
+        await asyncio.wait((reading, waiting), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        # Cancelled from outside (the page's deadline, a stop): the read ends as it did when it was
+        # awaited directly, its own cleanup (vLLM's abort) included.
+        reading.cancel()
+        with contextlib.suppress(BaseException):
+            await reading
+        raise
+    finally:
+        waiting.cancel()
+    if reading.done():
+        return reading.result()
+    # Not awaited: the replaced engine is being closed, and its abort may never return.
+    reading.add_done_callback(lambda task: task.cancelled() or task.exception())
+    reading.cancel()
+    raise EngineDied("the engine was restarted while the page was in flight", stage="engine")
