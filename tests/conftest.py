@@ -51,20 +51,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: igno
             handle.write("\n".join(rows) + "\n")
 
 
-# The files that take minutes, longest first (a fresh clone's durations on 2 cores, 2026-12-07):
-# pytest-xdist (--dist loadfile) hands out whole files in the order they are collected, and
-# test_vllm.py (~10 min), collected near the end, ran alone while the other worker had finished.
-SLOW_FILES_FIRST = (
-    "test_vllm.py", "test_split.py", "test_samba.py", "test_remote.py", "test_daemon.py", "test_hosts.py",
-    "test_prompt_parity.py", "test_delivery.py",
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {name: place for place, name in enumerate(SLOW_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
     """A failed test that ran real daemons shows the end of each one's log in its report: CI keeps
