@@ -17,14 +17,10 @@ if [ -n "${CPU_ONLY:-}" ]; then
   printf '#!/bin/sh\nexec python3 -c "import sys; from chandrad.pdfium_page import cli; sys.exit(cli())" "$@"\n' \
     > /usr/local/bin/chandrad-render-page && chmod +x /usr/local/bin/chandrad-render-page
 fi
-B=${TESS:-/root/tess}
 OUT=${OUT:-/tmp/cpu-out}; mkdir -p "$OUT"
-if [ -n "${TESS_SETUP:-}" ] && [ ! -x $B/bin/tesseract ]; then
-  mkdir -p $B && cat /root/tesspack/tb.part.* | tar xJf - -C $B || { echo "tools bundle: unpack failed"; exit 1; }
-fi
-export PATH=$B/bin:$PATH LD_LIBRARY_PATH=$B/lept TESSDATA_PREFIX=$B/tessdata PYTHONUNBUFFERED=1
-export GS_LIB=$B/gs/Resource/Init:$B/gs/lib:$B/gs/Resource/Font
-export GS_OPTIONS="-sGenericResourceDir=$B/gs/Resource/ -sICCProfilesDir=$B/gs/iccprofiles/"
+source "$(dirname "$0")/tools_env.sh"
+setup_tools || [ -z "${TESS_SETUP:-}" ] || exit 1
+export PYTHONUNBUFFERED=1
 SRC=$PWD/.bench-carry/src
 export PYTHONPATH=$SRC:${SITEDIR:-/root/site}
 export CHANDRAD_CORPUS=$PWD/.bench-carry/corpus

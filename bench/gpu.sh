@@ -89,19 +89,10 @@ print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', tran
   echo "install: $((SECONDS - t0)) s"
 }
 
-# The tools bundle, where its parts were staged: tesseract, Ghostscript and poppler on PATH (its
-# programs find their libraries beside them) and Leptonica for chandrad's ctypes load. Its lept/
-# holds liblept.so.5 alone, so the library path given to the daemon's process shadows nothing
-# that vLLM or torch load.
-TOOLS=${TOOLS:-/root/tess} TESSPACK=${TESSPACK:-/root/tesspack}
-setup_tools() {
-  if [ ! -x $TOOLS/bin/tesseract ] && ls $TESSPACK/tb.part.* >/dev/null 2>&1; then
-    mkdir -p $TOOLS && cat $TESSPACK/tb.part.* | tar xJf - -C $TOOLS || { echo "tools bundle: unpack failed"; return 0; }
-  fi
-  [ -x $TOOLS/bin/tesseract ] || { echo "tools: none staged (no orientation by tesseract or Leptonica)"; return 0; }
-  export PATH=$TOOLS/bin:$PATH LD_LIBRARY_PATH=$TOOLS/lept${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export TESSDATA_PREFIX=$TOOLS/tessdata GS_LIB=$TOOLS/gs/Resource/Init:$TOOLS/gs/lib:$TOOLS/gs/Resource/Font
-  export GS_OPTIONS="-sGenericResourceDir=$TOOLS/gs/Resource/ -sICCProfilesDir=$TOOLS/gs/iccprofiles/"
+# The tools bundle (bench/tools_env.sh), where its parts were staged, and whether chandrad finds it
+source "$(dirname "$0")/tools_env.sh"
+setup_tools_for_daemon() {
+  setup_tools || return 0
   (cd $SRC && python3 -c "from chandrad.scan import leptonica; import shutil; \
 print('tools: tesseract', shutil.which('tesseract'), '| leptonica available:', leptonica.available())")
 }
@@ -164,7 +155,7 @@ record_daemon() {
 
 bench() {
   local name=$1; shift
-  setup_tools
+  setup_tools_for_daemon
   setup_poppler
   local sampler= recorder=
   if [ -n "${STACKS:-}" ]; then sample_stacks "$name" "$STACKS" </dev/null >/dev/null 2>&1 & sampler=$!; fi
@@ -217,7 +208,7 @@ tune() {
 
 soak() {
   local name=$1; shift
-  setup_tools
+  setup_tools_for_daemon
   setup_poppler
   python3 bench/soak_gpu.py --src $SRC --model $MODEL --engine-arg gdn_prefill_backend=triton \
     --workdir /root/work-$name --out $OUT/$name.json --csv $OUT/$name.csv "$@" > $OUT/$name.log 2>&1
