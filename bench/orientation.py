@@ -120,7 +120,8 @@ def summarise(rows: list[dict], settings: object) -> dict:
     detect = [r["detect_s"] for r in rows]
     render = [r["render_s"] for r in rows]
     prepared = [r["prepare_s"] for r in rows]
-    share = [r["detect_s"] / max(r["prepare_s"], 1e-9) for r in rows]
+    # per page: detection / (detection + the rest of the page's preparation)
+    share = [r["detect_s"] / max(r["detect_s"] + r["prepare_s"], 1e-9) for r in rows]
     return {
         "pages": len(rows) // 4,
         "text_pages": len(judgeable),
@@ -146,8 +147,7 @@ def summarise(rows: list[dict], settings: object) -> dict:
         "detect_s_mean": round(statistics.mean(detect), 4),
         "mean_detect_over_render": round(statistics.mean(detect) / max(statistics.mean(render), 1e-9), 2),
         "prepare_s_median": round(statistics.median(prepared), 3),
-        # per page: detection / (detection + the rest of the page's preparation)
-        "share_of_prepare_median": round(statistics.median(d / (1 + d) for d in share), 3),
+        "share_of_prepare_median": round(statistics.median(share), 3),
         "share_of_prepare_mean": round(statistics.mean(detect) / max(statistics.mean(detect) + statistics.mean(prepared), 1e-9), 3),
         "decided_by": {m: sum(r["method"] == m for r in rows) for m in ("leptonica", "tesseract", "")},
     }

@@ -51,6 +51,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: igno
             handle.write("\n".join(rows) + "\n")
 
 
+DAEMON_LOG_LINES_ON_FAILURE = 40
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
     """A failed test that ran real daemons shows the end of each one's log in its report: CI keeps
@@ -67,9 +70,6 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
         report.sections.append((f"daemon {number}: its log's last {len(lines)} lines", "\n".join(
             line if len(line) <= 400 else line[:400] + " …" for line in lines
         )))
-
-
-DAEMON_LOG_LINES_ON_FAILURE = 40
 
 
 @pytest.fixture(autouse=True)
