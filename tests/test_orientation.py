@@ -211,10 +211,30 @@ def test_leptonica_skips_its_sideways_test_only_where_the_answer_stays_the_same(
             turned = grey.rotate(angle, expand=True)
             expected = _both_tests_decision(turned)
             sideways_tests.clear()
-            assert leptonica.text_orientation(turned) == expected, (name, angle)
+            answer = leptonica.text_orientation(turned)
+            assert answer is not None and answer.text_found, (name, angle)
+            decided = None if answer.turn is None else (answer.turn, answer.confidence)
+            assert decided == expected, (name, angle)
             if name == "linn.pdf":
                 # upright or upside down beyond doubt: the sideways test (half the cost) is not run
                 assert any(sideways_tests) == (angle in (90, 270)), (angle, sideways_tests)
+
+
+@pytest.mark.skipif(not leptonica.available(), reason="Leptonica (liblept5) is not installed")
+def test_a_page_where_leptonica_finds_no_text_is_left_as_it_is_without_asking_tesseract(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")  # a tesseract run would fail: "not installed"
+    # lichtenstein: a photograph, no line of text; tesseract answered it at 1.4-1.8 (below the
+    # threshold) at every turn, in ~0.6 s each (bench/orientation.py)
+    for angle in (0, 90, 180, 270):
+        orientation = detect_orientation(
+            _page_image("lichtenstein.pdf").rotate(angle, expand=True), 192, PrepareSettings()
+        )
+        assert orientation == Orientation(note="too little text to judge", method="leptonica"), (angle, orientation)
+    # and with the quick check off, tesseract is asked (and is missing here)
+    orientation = detect_orientation(
+        _page_image("lichtenstein.pdf"), 192, PrepareSettings(orientation_quick_check=False)
+    )
+    assert "tesseract is not installed" in orientation.note, orientation
 
 
 def test_a_page_leptonica_cannot_decide_goes_to_tesseract():

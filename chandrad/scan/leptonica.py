@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
@@ -86,6 +87,18 @@ def _library() -> ctypes.CDLL | None:
     return None
 
 
+@dataclass(frozen=True)
+class TextOrientation:
+    """Leptonica's answer for one page. ``turn``: the clockwise turn (0, 90, 180 or 270) that makes
+    its text upright, with ``confidence``; None where it cannot decide. ``text_found`` False: fewer
+    ascenders and descenders than its minimum count (70) both upright and sideways, where it does
+    not measure at all (its confidences are exactly 0): a photo, a drawing, a nearly empty page."""
+
+    turn: int | None
+    confidence: float = 0.0
+    text_found: bool = True
+
+
 def available() -> bool:
     return _library() is not None
 
@@ -101,10 +114,10 @@ def _words(grey: Image.Image) -> tuple[np.ndarray, int]:
     return rows.view(">u4").astype(np.uint32), words_per_row
 
 
-def text_orientation(grey: Image.Image) -> tuple[int, float] | None:
-    """The clockwise turn (0, 90, 180 or 270) that makes ``grey``'s text upright and Leptonica's
-    confidence in it, or None: not installed, or it cannot decide (too little text, a script
-    without ascenders and descenders, a photo). ``grey``: an "L" image of text at 150-300 dpi."""
+def text_orientation(grey: Image.Image) -> TextOrientation | None:
+    """Which clockwise turn makes ``grey``'s text upright, as far as Leptonica can tell (see
+    ``TextOrientation``); None where it is not installed or cannot run. ``grey``: an "L" image of
+    text at 150-300 dpi."""
     lib = _library()
     if lib is None or grey.width < 32 or grey.height < 32:
         return None
@@ -120,16 +133,15 @@ def text_orientation(grey: Image.Image) -> tuple[int, float] | None:
         if lib.pixOrientDetect(pix, ctypes.byref(up), None, 0, 0) != 0:
             return None
         if abs(up.value) >= UP_DOWN_BEYOND_DOUBT:
-            return (0 if up.value > 0 else 180), round(abs(up.value), 2)
+            return TextOrientation(0 if up.value > 0 else 180, round(abs(up.value), 2))
         if lib.pixOrientDetect(pix, None, ctypes.byref(left), 0, 0) != 0:
             return None
+        if up.value == 0.0 and left.value == 0.0:
+            return TextOrientation(None, text_found=False)
         decided = ctypes.c_int(0)
         # 0, 0: Leptonica's own thresholds (a confidence of 8 at least, 2.5 times the other's).
         if lib.makeOrientDecision(up, left, 0.0, 0.0, ctypes.byref(decided), 0) != 0:
             return None
     finally:
         lib.pixDestroy(ctypes.byref(pix))
-    turn = _TURN_OF.get(decided.value)
-    if turn is None:
-        return None
-    return turn, round(max(abs(up.value), abs(left.value)), 2)
+    return TextOrientation(_TURN_OF.get(decided.value), round(max(abs(up.value), abs(left.value)), 2))

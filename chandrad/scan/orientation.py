@@ -95,8 +95,13 @@ def detect_orientation(
         )
     grey = copy if copy.mode == "L" else copy.convert("L")
     if settings.orientation_quick_check and (quick := leptonica.text_orientation(grey)) is not None:
-        angle, confidence = quick
-        return Orientation(angle, confidence, turned=angle != 0, method="leptonica")
+        if quick.turn is not None:
+            return Orientation(quick.turn, quick.confidence, turned=quick.turn != 0, method="leptonica")
+        if not quick.text_found:
+            # Where Leptonica finds no text lines at all, tesseract found too few characters, or
+            # answered below its threshold, on every such corpus page (bench/orientation.py), at
+            # ~0.6 s a page: a photo or a drawing is left as it is without asking it.
+            return Orientation(note="too little text to judge", method="leptonica")
     if shutil.which("tesseract") is None:
         # Before the page is written out for it: on a GPU host without tesseract that write was a
         # sixth of the daemon's own CPU in a wave (bench/NOTES-overhead.md).
