@@ -28,6 +28,31 @@ def test_hocr_blocks_become_text_divs_with_normalised_bboxes():
     assert html == '<div data-bbox="100 100 900 300" data-label="Text"><p>Hello &amp; world</p></div>'
 
 
+def _two_paragraphs(first_line: str, second_line: str) -> str:
+    line = "<span class='ocr_line' title='bbox 200 {} 1800 {}'>{}</span>"
+    words = lambda text: " ".join(f"<span class='ocrx_word'>{w}</span>" for w in text.split())  # noqa: E731
+    return (
+        "<div class='ocr_page' title='bbox 0 0 2000 1000'>"
+        "<div class='ocr_carea' title='bbox 200 100 1800 300'>"
+        f"<p class='ocr_par'>{line.format(100, 150, words(first_line))}</p>"
+        f"<p class='ocr_par'>{line.format(160, 200, words(second_line))}</p>"
+        "</div></div>"
+    )
+
+
+def test_a_paragraph_tesseract_splits_inside_a_hyphenated_word_is_one_paragraph():
+    """multi_column_miss.pdf: beside a drop cap tesseract ends one paragraph at "organi-" and starts
+    the next at "sations"; a paragraph that ends with a letter and a hyphen, followed in its block by
+    one that begins in lower case, is the same paragraph. One that begins in upper case, or follows
+    a dash after a number, is not."""
+    joined = hocr_to_chandra_html(_two_paragraphs("from non-governmental organi-", "sations (NGOs), and"), 2000, 1000)
+    assert "<p>from non-governmental organi- sations (NGOs), and</p>" in joined
+    apart = hocr_to_chandra_html(_two_paragraphs("the well-", "Known cases"), 2000, 1000)
+    assert "<p>the well-</p><p>Known cases</p>" in apart
+    after_a_number = hocr_to_chandra_html(_two_paragraphs("pages 12-", "and more"), 2000, 1000)
+    assert "<p>pages 12-</p><p>and more</p>" in after_a_number
+
+
 def test_an_empty_page_is_a_blank_page_block():
     assert 'data-label="Blank-Page"' in hocr_to_chandra_html("<html></html>", 100, 100)
 

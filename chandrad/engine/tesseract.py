@@ -62,13 +62,17 @@ def _line_boxes(line: Tag, words: list[Tag]) -> str | None:
     return f"{x0} {round(top)} {x1} {round(bottom)} {len(words)} {round(slope * 10000)} {xs}"
 
 
+# A word broken at the end of a line: a letter and its hyphen.
+_BROKEN_AT_END = re.compile(r"[^\W\d_]-$")
+
+
 def hocr_to_chandra_html(hocr: str, width: int, height: int, word_boxes: bool = False) -> str:
     """Convert tesseract hOCR into Chandra's layout-block HTML (bbox in 0–1000 page units); with
     ``word_boxes``, each block's line and word boxes in ``data-lines`` (pixels)."""
     soup = BeautifulSoup(hocr, "html.parser")
     blocks = []
     for area in soup.find_all(class_="ocr_carea"):
-        paragraphs = []
+        paragraphs: list[str] = []
         boxes: list[str | None] = []
         for par in area.find_all(class_="ocr_par"):
             lines = []
@@ -79,8 +83,15 @@ def hocr_to_chandra_html(hocr: str, width: int, height: int, word_boxes: bool = 
                 if words:
                     lines.append(" ".join(words))
                     boxes.append(_line_boxes(line, tags))
-            if lines:
-                paragraphs.append(html.escape(" ".join(lines), quote=False))
+            if not lines:
+                continue
+            text = html.escape(" ".join(lines), quote=False)
+            if paragraphs and _BROKEN_AT_END.search(paragraphs[-1]) and text[:1].islower():
+                # A paragraph does not end inside a word: tesseract splits one where a line
+                # beside a drop cap ends "organi-" and the next begins "sations".
+                paragraphs[-1] += " " + text
+            else:
+                paragraphs.append(text)
         box = _bbox(area)
         if not paragraphs or box is None:
             continue
