@@ -53,6 +53,27 @@ def test_a_paragraph_tesseract_splits_inside_a_hyphenated_word_is_one_paragraph(
     assert "<p>pages 12-</p><p>and more</p>" in after_a_number
 
 
+def test_a_drop_cap_does_not_make_its_line_in_the_text_layer_as_tall_as_itself():
+    """multi_column_miss.pdf at 192 dpi: tesseract's line "Ores from non-governmental organi-" is 66 px
+    tall because of its drop cap (the other words 17-21 px); a layer line that tall was joined by
+    pdftotext to the side column's "Correspondence to:" ("organiCorrespondence"). The line's box in
+    ``data-lines`` is its other words' box; the drop cap keeps its x-range."""
+    hocr = (
+        "<div class='ocr_page' title='bbox 0 0 2000 3000'>"
+        "<div class='ocr_carea' title='bbox 444 1561 927 1635'><p class='ocr_par'>"
+        "<span class='ocr_line' title='bbox 444 1565 926 1631; baseline 0 -27'>"
+        "<span class='ocrx_word' title='bbox 444 1565 597 1631'>Ores</span> "
+        "<span class='ocrx_word' title='bbox 608 1587 653 1604'>from</span> "
+        "<span class='ocrx_word' title='bbox 664 1587 845 1608'>non-governmental</span> "
+        "<span class='ocrx_word' title='bbox 856 1589 926 1606'>organi-</span></span>"
+        "</p></div></div>"
+    )
+    html = hocr_to_chandra_html(hocr, 2000, 3000, word_boxes=True)
+    assert 'data-lines="444 1587 926 1608 4 0 444 597 608 653 664 845 856 926"' in html
+    level = hocr.replace("1565 597 1631", "1588 597 1606")  # the same line without a drop cap
+    assert 'data-lines="444 1565 926 1631 4 0 ' in hocr_to_chandra_html(level, 2000, 3000, word_boxes=True)
+
+
 def test_an_empty_page_is_a_blank_page_block():
     assert 'data-label="Blank-Page"' in hocr_to_chandra_html("<html></html>", 100, 100)
 

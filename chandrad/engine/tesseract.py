@@ -44,6 +44,10 @@ def _bbox(tag: object) -> tuple[int, int, int, int] | None:
 _BASELINE = re.compile(r"baseline (-?[\d.]+) (-?[\d.]+)")
 
 
+# A word this many times as tall as the line's median word is not of the line's type size.
+TALL_WORD = 1.8
+
+
 def _line_boxes(line: Tag, words: list[Tag]) -> str | None:
     """One entry of ``data-lines``: ``x0 y0 x1 y1 n s`` (top and bottom at x0, slope s / 10000, from
     hOCR's baseline) and each word's ``x0 x1``."""
@@ -52,6 +56,14 @@ def _line_boxes(line: Tag, words: list[Tag]) -> str | None:
     if box is None or any(b is None for b in word_boxes):
         return None
     x0, y0, x1, y1 = box
+    heights = sorted(b[3] - b[1] for b in word_boxes if b is not None)
+    usual = heights[(len(heights) - 1) // 2]
+    if len(heights) > 1 and usual > 0 and heights[-1] > TALL_WORD * usual:
+        # A drop cap (or an initial) makes the line's box as tall as itself, two to four lines: a
+        # text layer that tall is joined by text extraction to whatever lies beside it. The line is
+        # as tall as its other words.
+        kept = [b for b in word_boxes if b is not None and b[3] - b[1] <= TALL_WORD * usual]
+        y0, y1 = min(b[1] for b in kept), max(b[3] for b in kept)
     title = line.get("title", "")
     match = _BASELINE.search(title) if isinstance(title, str) else None
     slope = float(match.group(1)) if match else 0.0
