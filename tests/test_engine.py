@@ -72,6 +72,17 @@ def test_a_drop_cap_does_not_make_its_line_in_the_text_layer_as_tall_as_itself()
     assert 'data-lines="444 1587 926 1608 4 0 444 597 608 653 664 845 856 926"' in html
     level = hocr.replace("1565 597 1631", "1588 597 1606")  # the same line without a drop cap
     assert 'data-lines="444 1565 926 1631 4 0 ' in hocr_to_chandra_html(level, 2000, 3000, word_boxes=True)
+    # A dot leader's dots are lower than the line's text, not its text taller than the line.
+    leader = (
+        "<div class='ocr_page' title='bbox 0 0 2000 3000'>"
+        "<div class='ocr_carea' title='bbox 100 100 900 120'><p class='ocr_par'>"
+        "<span class='ocr_line' title='bbox 100 100 900 120; baseline 0 -3'>"
+        + "".join(f"<span class='ocrx_word' title='bbox {x} 114 {x + 4} 117'>.</span> " for x in range(300, 800, 50))
+        + "<span class='ocrx_word' title='bbox 100 100 250 117'>Contents</span> "
+        "<span class='ocrx_word' title='bbox 880 103 900 117'>5</span></span>"
+        "</p></div></div>"
+    )
+    assert 'data-lines="100 100 900 120 12 0 ' in hocr_to_chandra_html(leader, 2000, 3000, word_boxes=True)
 
 
 def test_an_empty_page_is_a_blank_page_block():

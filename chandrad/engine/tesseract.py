@@ -46,6 +46,7 @@ _BASELINE = re.compile(r"baseline (-?[\d.]+) (-?[\d.]+)")
 
 # A word this many times as tall as the line's median word is not of the line's type size.
 TALL_WORD = 1.8
+_HAS_TEXT = re.compile(r"[^\W_]")
 
 
 def _line_boxes(line: Tag, words: list[Tag]) -> str | None:
@@ -56,9 +57,13 @@ def _line_boxes(line: Tag, words: list[Tag]) -> str | None:
     if box is None or any(b is None for b in word_boxes):
         return None
     x0, y0, x1, y1 = box
-    heights = sorted(b[3] - b[1] for b in word_boxes if b is not None)
-    usual = heights[(len(heights) - 1) // 2]
-    if len(heights) > 1 and usual > 0 and heights[-1] > TALL_WORD * usual:
+    # The line's type size: the median height of its words with a letter or a digit (dots of a
+    # leader or a lone dash are lower than the line's text), the upper one of two.
+    heights = sorted(
+        b[3] - b[1] for b, w in zip(word_boxes, words, strict=True) if b is not None and _HAS_TEXT.search(w.get_text())
+    )
+    usual = heights[len(heights) // 2] if heights else 0
+    if usual > 0 and len(heights) > 1 and heights[-1] > TALL_WORD * usual:
         # A drop cap (or an initial) makes the line's box as tall as itself, two to four lines: a
         # text layer that tall is joined by text extraction to whatever lies beside it. The line is
         # as tall as its other words.
