@@ -428,6 +428,7 @@ async def test_a_rendered_page_goes_on_to_the_engine_while_other_documents_rende
     renders wait (the renderer on PATH is wrapped, as an admin may) until the first page is read;
     more of them than the default executor has threads."""
     released = world.tmp_path / "renders-may-go-on"
+    first_asked = world.tmp_path / "first-render-asked"
     bin_dir = world.tmp_path / "bin"
     bin_dir.mkdir()
     renderer = bin_dir / RENDERER
@@ -443,6 +444,8 @@ async def test_a_rendered_page_goes_on_to_the_engine_while_other_documents_rende
         f"        if b'held-' not in request or os.path.exists({str(released)!r}):\n"
         "            break\n"
         "        time.sleep(0.1)\n"
+        "    if b'held-' not in request:\n"
+        f"        open({str(first_asked)!r}, 'w').close()\n"
         "    real.stdin.write(request)\n"
         "    real.stdin.flush()\n"
         "    header = real.stdout.readline()\n"
@@ -462,6 +465,12 @@ async def test_a_rendered_page_goes_on_to_the_engine_while_other_documents_rende
     for work in (first, *held):
         await stages.prepare(work)
     reading_first = asyncio.create_task(stages.infer(first))
+    # The held documents start once the first page's render is asked for: on 2 busy cores their
+    # renders could otherwise take both reader threads first, and the first page would wait for
+    # the release this test gives only after it (seen once in a fresh clone's run, 2026-12-07).
+    async with asyncio.timeout(60):
+        while not first_asked.exists() and not reading_first.done():
+            await asyncio.sleep(0.02)
     reading_held = [asyncio.create_task(stages.infer(work)) for work in held]
     try:
         async with asyncio.timeout(60):
