@@ -53,21 +53,20 @@ def _line_boxes(line: Tag, words: list[Tag]) -> str | None:
     """One entry of ``data-lines``: ``x0 y0 x1 y1 n s`` (top and bottom at x0, slope s / 10000, from
     hOCR's baseline) and each word's ``x0 x1``."""
     box = _bbox(line)
-    word_boxes = [_bbox(word) for word in words]
-    if box is None or any(b is None for b in word_boxes):
+    found = [_bbox(word) for word in words]
+    word_boxes = [b for b in found if b is not None]
+    if box is None or len(word_boxes) < len(found):
         return None
     x0, y0, x1, y1 = box
     # The line's type size: the median height of its words with a letter or a digit (dots of a
     # leader or a lone dash are lower than the line's text), the upper one of two.
-    heights = sorted(
-        b[3] - b[1] for b, w in zip(word_boxes, words, strict=True) if b is not None and _HAS_TEXT.search(w.get_text())
-    )
+    heights = sorted(b[3] - b[1] for b, w in zip(word_boxes, words, strict=True) if _HAS_TEXT.search(w.get_text()))
     usual = heights[len(heights) // 2] if heights else 0
     if usual > 0 and len(heights) > 1 and heights[-1] > TALL_WORD * usual:
         # A drop cap (or an initial) makes the line's box as tall as itself, two to four lines: a
         # text layer that tall is joined by text extraction to whatever lies beside it. The line is
         # as tall as its other words.
-        kept = [b for b in word_boxes if b is not None and b[3] - b[1] <= TALL_WORD * usual]
+        kept = [b for b in word_boxes if b[3] - b[1] <= TALL_WORD * usual]
         y0, y1 = min(b[1] for b in kept), max(b[3] for b in kept)
     title = line.get("title", "")
     match = _BASELINE.search(title) if isinstance(title, str) else None
@@ -75,7 +74,7 @@ def _line_boxes(line: Tag, words: list[Tag]) -> str | None:
     # The bbox holds the whole skewed line; its height at one x is what the slope leaves of it.
     rise = min(abs(slope) * (x1 - x0), (y1 - y0) * 0.7)
     top, bottom = (y0, y1 - rise) if slope >= 0 else (y0 + rise, y1)
-    xs = " ".join(f"{b[0]} {b[2]}" for b in word_boxes if b is not None)
+    xs = " ".join(f"{b[0]} {b[2]}" for b in word_boxes)
     return f"{x0} {round(top)} {x1} {round(bottom)} {len(words)} {round(slope * 10000)} {xs}"
 
 
