@@ -85,6 +85,36 @@ def test_a_drop_cap_does_not_make_its_line_in_the_text_layer_as_tall_as_itself()
     assert 'data-lines="100 100 900 120 12 0 ' in hocr_to_chandra_html(leader, 2000, 3000, word_boxes=True)
 
 
+def _block(*lines: list[tuple[str, tuple[int, int, int, int]]]) -> str:
+    spans = []
+    for words in lines:
+        x0, y0 = min(b[0] for _, b in words), min(b[1] for _, b in words)
+        x1, y1 = max(b[2] for _, b in words), max(b[3] for _, b in words)
+        inner = " ".join(f"<span class='ocrx_word' title='bbox {b[0]} {b[1]} {b[2]} {b[3]}'>{w}</span>" for w, b in words)
+        spans.append(f"<span class='ocr_line' title='bbox {x0} {y0} {x1} {y1}'>{inner}</span>")
+    return (
+        "<div class='ocr_page' title='bbox 0 0 2112 1632'><div class='ocr_carea' title='bbox 0 0 2112 1632'>"
+        f"<p class='ocr_par'>{''.join(spans)}</p></div></div>"
+    )
+
+
+def test_a_line_read_down_or_up_the_page_gives_its_words_spans_down_the_page_and_its_turn():
+    """cardinal.pdf page 2 (a page lying sideways, read as it lies): tesseract's lines run down the
+    page, each word below the one before. Such a line gives each word's y-range and, last, 270 (the
+    clockwise turn that sets it level); a line whose words go up gives 90; a level line is as before.
+    A lone word that runs down takes its block's direction; a lone short word stays level."""
+    down = [("The", (1849, 222, 1868, 264)), ("LinnSequencer", (1844, 272, 1869, 433))]
+    html = hocr_to_chandra_html(_block(down, [("machine", (1810, 300, 1836, 420))]), 2112, 1632, word_boxes=True)
+    assert 'data-lines="1844 222 1869 433 2 0 222 264 272 433 270,1810 300 1836 420 1 0 300 420 270"' in html
+    assert "<p>The LinnSequencer machine</p>" in html
+    up = [("Total", (100, 900, 130, 1000)), ("sales", (100, 780, 130, 880))]
+    assert 'data-lines="100 780 130 1000 2 0 900 1000 780 880 90"' in hocr_to_chandra_html(
+        _block(up), 2112, 1632, word_boxes=True
+    )
+    level = [("Il", (100, 100, 110, 130))]  # taller than wide, but two letters: a level line
+    assert 'data-lines="100 100 110 130 1 0 100 110"' in hocr_to_chandra_html(_block(level), 2112, 1632, word_boxes=True)
+
+
 def test_an_empty_page_is_a_blank_page_block():
     assert 'data-label="Blank-Page"' in hocr_to_chandra_html("<html></html>", 100, 100)
 

@@ -8,6 +8,9 @@ figures. One tesseract process per page, as many at once as there are cores.
 With ``word_boxes`` each div also carries tesseract's own boxes in ``data-lines``, in pixels of
 the page image: per line ``x0 y0 x1 y1 n s`` (top and bottom at x0, slope s / 10000) and its
 ``n`` words' ``x0 x1``, lines separated by commas, the words in the order of the div's text.
+A line tesseract read running down or up the page (a margin note, a table's turned heading, a
+page read as it lay sideways) gives its words' ``y0 y1`` instead, slope 0, and ends with the
+clockwise turn that sets it level, 270 (read downwards) or 90 (upwards): ``pdf.lines`` turns it.
 ``pdf.lines.page_text_lines`` takes them as they are. ``chandra.output`` reads a div's
 contents only, so the Markdown, HTML and JSON outputs never show them.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import html
 import io
+import itertools
 import os
 import re
 import shutil
@@ -49,15 +53,42 @@ TALL_WORD = 1.8
 _HAS_TEXT = re.compile(r"[^\W_]")
 
 
-def _line_boxes(line: Tag, words: list[Tag]) -> str | None:
+# A word of this many characters or more whose box is this many times as tall as wide runs down
+# or up the page: set level, a word of four letters is about twice as wide as tall.
+UPRIGHT_WORD_CHARS, UPRIGHT_WORD_RATIO = 4, 1.5
+
+
+def reading_turn(boxes: list[tuple[int, int, int, int]], texts: list[str]) -> int | None:
+    """The clockwise turn (0, 90 or 270) that sets a line of words with these boxes level: 270 where
+    its words follow each other down the page (text turned a quarter clockwise: a page read as it
+    lay sideways), 90 where they follow each other up (a turned table heading), 0 for a level
+    line. None for a lone word that runs down or up, whose direction its box cannot tell."""
+    if len(boxes) == 1:
+        x0, y0, x1, y1 = boxes[0]
+        tall = len(texts[0]) >= UPRIGHT_WORD_CHARS and (y1 - y0) > UPRIGHT_WORD_RATIO * (x1 - x0)
+        return None if tall else 0
+    steps = [((b[0] + b[2] - a[0] - a[2]) / 2, (b[1] + b[3] - a[1] - a[3]) / 2) for a, b in itertools.pairwise(boxes)]
+    if all(dy > abs(dx) for dx, dy in steps):
+        return 270
+    if all(-dy > abs(dx) for dx, dy in steps):
+        return 90
+    return 0
+
+
+def _line_boxes(line: Tag, words: list[Tag], turn: int) -> str | None:
     """One entry of ``data-lines``: ``x0 y0 x1 y1 n s`` (top and bottom at x0, slope s / 10000, from
-    hOCR's baseline) and each word's ``x0 x1``."""
+    hOCR's baseline) and each word's ``x0 x1``; for a line running down or up the page (``turn``
+    90 or 270), its box, slope 0, each word's ``y0 y1``, and the turn last."""
     box = _bbox(line)
     found = [_bbox(word) for word in words]
     word_boxes = [b for b in found if b is not None]
     if box is None or len(word_boxes) < len(found):
         return None
     x0, y0, x1, y1 = box
+    if turn:
+        # tesseract's baseline of a turned line is not on the page's axes: the line is set straight
+        ys = " ".join(f"{b[1]} {b[3]}" for b in word_boxes)
+        return f"{x0} {y0} {x1} {y1} {len(words)} 0 {ys} {turn}"
     # The line's type size: the median height of its words with a letter or a digit (dots of a
     # leader or a lone dash are lower than the line's text), the upper one of two.
     heights = sorted(b[3] - b[1] for b, w in zip(word_boxes, words, strict=True) if _HAS_TEXT.search(w.get_text()))
@@ -90,15 +121,27 @@ def hocr_to_chandra_html(hocr: str, width: int, height: int, word_boxes: bool = 
     for area in soup.find_all(class_="ocr_carea"):
         paragraphs: list[str] = []
         boxes: list[str | None] = []
+        pars = []
         for par in area.find_all(class_="ocr_par"):
-            lines = []
+            found = []
             for line in par.find_all(class_=re.compile(r"^ocr_(line|caption|textfloat|header)$")):
                 tags = [w for w in line.find_all(class_="ocrx_word") if w.get_text().strip()]
                 # One word, one token: whitespace inside a word (rare) would split it in the text.
                 words = ["".join(w.get_text().split()) for w in tags]
                 if words:
-                    lines.append(" ".join(words))
-                    boxes.append(_line_boxes(line, tags))
+                    tag_boxes = [_bbox(w) for w in tags]
+                    turn = reading_turn([b for b in tag_boxes if b is not None], words) if all(tag_boxes) else 0
+                    found.append((line, tags, words, turn))
+            pars.append(found)
+        # A lone upright word runs the way of the block's other turned lines (tesseract gives a
+        # block one direction); in a block without them, it is set level.
+        turns = [turn for found in pars for *_, turn in found if turn]
+        block_turn = max(set(turns), key=turns.count) if turns else 0
+        for found in pars:
+            lines = []
+            for line, tags, words, turn in found:
+                lines.append(" ".join(words))
+                boxes.append(_line_boxes(line, tags, block_turn if turn is None else turn))
             if not lines:
                 continue
             text = html.escape(" ".join(lines), quote=False)

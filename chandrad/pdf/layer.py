@@ -20,7 +20,7 @@ from pikepdf import Matrix, Name
 from pikepdf.canvas import ContentStreamBuilder
 
 from chandrad.pdf.font import ADVANCE, ASCENT, DESCENT, encode
-from chandrad.pdf.lines import FIRST_WORD, SLOPE_SCALE, BlockLines, PageLines, block_tokens
+from chandrad.pdf.lines import SLOPE_SCALE, BlockLines, PageLines, block_tokens, line_turn, line_words, turned_box
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,15 @@ def turned_frame(frame: Frame, turn: int) -> Frame:
     return dataclasses.replace(frame, rotate=(frame.rotate + turn) % 360)
 
 
+def _line_frame(frame: Frame, turn: int) -> Frame:
+    """The frame of ``frame``'s page image turned ``turn`` degrees further clockwise, where a line
+    running down or up the page runs level (its numbers are in those pixels: ``pdf.lines.line_turn``)."""
+    if not turn:
+        return frame
+    width, height = (frame.height, frame.width) if turn in (90, 270) else (frame.width, frame.height)
+    return dataclasses.replace(frame, rotate=(frame.rotate + turn) % 360, width=width, height=height)
+
+
 # -- the text layer --------------------------------------------------------------------------------------
 
 
@@ -110,11 +119,9 @@ def _words_of(tokens: list[str], lines: BlockLines) -> Iterator[tuple[list[int],
         index += count
         if not mine:
             continue
-        if len(line) == FIRST_WORD + 2 * count:
-            yield (
-                line,
-                [(t, float(line[FIRST_WORD + 2 * k]), float(line[FIRST_WORD + 1 + 2 * k])) for k, t in enumerate(mine)],
-            )
+        xs = line_words(line)
+        if len(xs) == 2 * count:
+            yield line, [(t, float(xs[2 * k]), float(xs[2 * k + 1])) for k, t in enumerate(mine)]
             continue
         x0, x1 = float(line[0]), float(line[2])
         total = sum(len(t) for t in mine) + 0.9 * (len(mine) - 1)
@@ -129,7 +136,8 @@ def _words_of(tokens: list[str], lines: BlockLines) -> Iterator[tuple[list[int],
 @dataclass(frozen=True)
 class PlacedLine:
     """One line of the text layer in page-image pixels: its block, where it starts (x0, and its top
-    and bottom there), its slope, and its words' x-ranges."""
+    and bottom there), its slope, and its words' x-ranges. A line running down or up the page is
+    in the pixels of the page image (``size``: width, height) turned ``turn`` degrees clockwise."""
 
     block: int
     x0: float
@@ -137,15 +145,21 @@ class PlacedLine:
     bottom: float
     slope: float
     words: list[tuple[str, float, float]]
+    turn: int = 0
+    size: tuple[int, int] = (0, 0)
 
     def top_at(self, x: float) -> float:
         return self.top + self.slope * (x - self.x0)
 
     def word_box(self, a: float, b: float) -> tuple[float, float, float, float]:
-        """The axis-aligned box around a word's x-range a..b on this line."""
+        """The axis-aligned box around a word's x-range a..b on this line, on the page image."""
         tops = (self.top_at(a), self.top_at(b))
         height = self.bottom - self.top
-        return a, min(tops), b, max(tops) + height
+        box = a, min(tops), b, max(tops) + height
+        if not self.turn:
+            return box
+        width, tall = (self.size[1], self.size[0]) if self.turn in (90, 270) else self.size
+        return turned_box(box, (360 - self.turn) % 360, width, tall)
 
 
 def placed_lines(layer: PageLayer) -> list[PlacedLine]:
@@ -160,14 +174,18 @@ def placed_lines(layer: PageLayer) -> list[PlacedLine]:
         known = layer.lines[index] if layer.lines is not None and index < len(layer.lines) else None
         lines = known if known and sum(line[4] for line in known) == len(tokens) else _estimated_lines(tokens, box)
         for line, words in _words_of(tokens, lines):
-            top = min(max(float(line[1]), box[1]), box[3] - 1)
-            bottom = max(min(float(line[3]), box[3]), top + 1)
+            turn = line_turn(line)
+            # the block's box where the line's numbers are: on the page image turned as the line
+            bx0, by0, bx1, by1 = turned_box(box, turn, layer.width, layer.height)
+            top = min(max(float(line[1]), by0), by1 - 1)
+            bottom = max(min(float(line[3]), by1), top + 1)
             slope = line[5] / SLOPE_SCALE if len(line) > 5 else 0.0
             placed = []
             for word, a, b in words:
-                a = min(max(a, box[0]), box[2] - 1)
-                placed.append((word, a, min(max(b, a + 1), box[2])))
-            out.append(PlacedLine(index, float(line[0]), top, bottom, slope, placed))
+                a = min(max(a, bx0), bx1 - 1)
+                placed.append((word, a, min(max(b, a + 1), bx1)))
+            size = (layer.width, layer.height)
+            out.append(PlacedLine(index, float(line[0]), top, bottom, slope, placed, turn, size))
     return out
 
 
@@ -204,12 +222,13 @@ def text_layer(frame: Frame, layer: PageLayer, font: str) -> tuple[bytes, int]:
     builder.set_text_font(Name(font), 1)
     count = 0
     for line in placed_lines(layer):
+        line_frame = _line_frame(frame, line.turn)
         for k, (word, a, b) in enumerate(line.words):
-            _show(builder, frame, line, word, a, b)
+            _show(builder, line_frame, line, word, a, b)
             count += 1
             if k + 1 < len(line.words):
                 # A space glyph over the gap: extraction and copying see the word break.
-                _show(builder, frame, line, " ", b, max(line.words[k + 1][1], b + 0.5))
+                _show(builder, line_frame, line, " ", b, max(line.words[k + 1][1], b + 0.5))
     builder.end_text()
     builder.pop()
     return builder.build(), count

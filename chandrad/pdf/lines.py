@@ -12,6 +12,7 @@ layer (``chandrad.pdf.layer``) is placed from it at publish time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,10 @@ from chandrad.pdf.ink import InkLine, block_row, estimate_slope, ink_mask, segme
 # One line of a block: [x0, y0, x1, y1, n, s, wx0, wx1, wx0, wx1, ...] in page-image pixels. The
 # line runs from x0 to x1; y0 and y1 are its top and bottom at x0, and it slopes by s / 10000 (a
 # skewed scan). ``n`` of the block's words lie on it, in order; their x-ranges follow (2n numbers),
-# or none when only the line is known (the words are then spread over it by their length).
+# or none when only the line is known (the words are then spread over it by their length). A line
+# that runs down or up the page (the tesseract engine's, see ``engine/tesseract.py``) ends with one
+# more number, its turn (``line_turn``): all its numbers are then on the page image turned that
+# many degrees clockwise, where the line runs level.
 BlockLines = list[list[int]]
 # One entry per chunk, in the chunks' order; [] where the block has no text or nothing was found.
 PageLines = list[BlockLines]
@@ -36,6 +40,28 @@ FIRST_WORD = 6  # index of a line's first word x in BlockLines
 
 
 # -- the block's words -----------------------------------------------------------------------------
+
+
+def turned_box(box: Sequence[float], turn: int, width: float, height: float) -> tuple[float, float, float, float]:
+    """``box`` (x0 y0 x1 y1 on a ``width`` × ``height`` image) on that image turned ``turn`` clockwise."""
+    x0, y0, x1, y1 = box
+    if turn == 90:
+        return height - y1, x0, height - y0, x1
+    if turn == 270:
+        return y0, width - x1, y1, width - x0
+    if turn == 180:
+        return width - x1, height - y1, width - x0, height - y0
+    return x0, y0, x1, y1
+
+
+def line_turn(line: list[int]) -> int:
+    """The clockwise turn (0, 90 or 270) of the page image whose pixels ``line``'s numbers are in."""
+    return line[-1] if len(line) > FIRST_WORD and (len(line) - FIRST_WORD) % 2 == 1 else 0
+
+
+def line_words(line: list[int]) -> list[int]:
+    """The words' x-ranges of ``line``, flat (``x0 x1 x0 x1 ...``); [] where only the line is known."""
+    return line[FIRST_WORD : len(line) - (1 if line_turn(line) else 0)]
 
 
 def block_tokens(chunk: dict[str, Any]) -> list[str]:
@@ -65,7 +91,7 @@ def page_text_lines(
     engine's own word boxes (the tesseract engine's ``data-lines``), those are used; elsewhere
     the block's pixels are segmented. Blocking (≈ tens of ms per page): run it in a thread.
     """
-    exact = _exact_lines(html, len(chunks)) if html else [None] * len(chunks)
+    exact = _exact_lines(html, len(chunks), image.size) if html else [None] * len(chunks)
     result: PageLines = [[] for _ in chunks]
     todo: list[tuple[int, list[str], np.ndarray, int, int]] = []
     gray: np.ndarray | None = None
@@ -74,7 +100,7 @@ def page_text_lines(
         if not tokens:
             continue
         if known is not None and sum(line[4] for line in known) == len(tokens):
-            result[index] = known if words else [line[:FIRST_WORD] for line in known]
+            result[index] = known if words else [_without_words(line) for line in known]
             continue
         if gray is None:
             gray = np.asarray(image.convert("L"))
@@ -94,8 +120,14 @@ def page_text_lines(
     return result
 
 
-def _exact_lines(html: str, count: int) -> list[BlockLines | None]:
-    """The engine's own boxes, per top-level block as ``parse_chunks`` lists them (Blank-Page skipped)."""
+def _without_words(line: list[int]) -> list[int]:
+    turn = line_turn(line)
+    return line[:FIRST_WORD] + ([turn] if turn else [])
+
+
+def _exact_lines(html: str, count: int, size: tuple[int, int]) -> list[BlockLines | None]:
+    """The engine's own boxes, per top-level block as ``parse_chunks`` lists them (Blank-Page skipped);
+    a line running down or up the page put on the page image turned as its last number says."""
     soup = BeautifulSoup(html, "html.parser")
     divs = [div for div in soup.find_all("div", recursive=False) if div.get("data-label") != "Blank-Page"]
     if len(divs) != count:
@@ -107,10 +139,26 @@ def _exact_lines(html: str, count: int) -> list[BlockLines | None]:
             found.append(None)
             continue
         try:
-            found.append([[int(v) for v in line.split()] for line in raw.split(",") if line.strip()])
+            lines = [[int(v) for v in line.split()] for line in raw.split(",") if line.strip()]
         except ValueError:
             found.append(None)
+            continue
+        found.append([_level(line, *size) for line in lines])
     return found
+
+
+def _level(line: list[int], width: int, height: int) -> list[int]:
+    """A line the engine gave in page pixels, on the page image turned as ``line_turn`` says: its box
+    turned, its words' ranges down the page (``y0 y1``) become ranges along it."""
+    turn = line_turn(line)
+    if turn not in (90, 270):
+        return line
+    x0, y0, x1, y1 = (round(v) for v in turned_box(line[:4], turn, width, height))
+    spans = line_words(line)
+    along = []
+    for a, b in zip(spans[0::2], spans[1::2], strict=True):
+        along += [a, b] if turn == 270 else [height - b, height - a]
+    return [x0, y0, x1, y1, line[4], 0, *along, turn]
 
 
 # -- the block's words given their lines and clusters -------------------------------------------
