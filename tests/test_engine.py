@@ -102,11 +102,18 @@ def test_a_line_read_down_or_up_the_page_gives_its_words_spans_down_the_page_and
     """cardinal.pdf page 2 (a page lying sideways, read as it lies): tesseract's lines run down the
     page, each word below the one before. Such a line gives each word's y-range and, last, 270 (the
     clockwise turn that sets it level); a line whose words go up gives 90; a level line is as before.
-    A lone word that runs down takes its block's direction; a lone short word stays level."""
+    A line of one word goes with its block: a short word ("is", as wide as tall on end) too; a long
+    word standing on end alone runs down; a long word lying down, or a short one alone, is level."""
     down = [("The", (1849, 222, 1868, 264)), ("LinnSequencer", (1844, 272, 1869, 433))]
-    html = hocr_to_chandra_html(_block(down, [("machine", (1810, 300, 1836, 420))]), 2112, 1632, word_boxes=True)
-    assert 'data-lines="1844 222 1869 433 2 0 222 264 272 433 270,1810 300 1836 420 1 0 300 420 270"' in html
-    assert "<p>The LinnSequencer machine</p>" in html
+    lone = [("machine", (1810, 300, 1836, 420))], [("is", (1780, 441, 1800, 456))]
+    html = hocr_to_chandra_html(_block(down, *lone), 2112, 1632, word_boxes=True)
+    assert 'data-lines="1844 222 1869 433 2 0 222 264 272 433 270,1810 300 1836 420 1 0 300 420 270,' in html
+    assert ",1780 441 1800 456 1 0 441 456 270" in html
+    assert "<p>The LinnSequencer machine is</p>" in html
+    alone = hocr_to_chandra_html(_block([("CONFIDENTIAL", (40, 300, 70, 900))]), 2112, 1632, word_boxes=True)
+    assert 'data-lines="40 300 70 900 1 0 300 900 270"' in alone
+    lying = hocr_to_chandra_html(_block([("Total", (100, 100, 200, 130))]), 2112, 1632, word_boxes=True)
+    assert 'data-lines="100 100 200 130 1 0 100 200"' in lying
     up = [("Total", (100, 900, 130, 1000)), ("sales", (100, 780, 130, 880))]
     assert 'data-lines="100 780 130 1000 2 0 900 1000 780 880 90"' in hocr_to_chandra_html(
         _block(up), 2112, 1632, word_boxes=True

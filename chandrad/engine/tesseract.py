@@ -53,26 +53,40 @@ TALL_WORD = 1.8
 _HAS_TEXT = re.compile(r"[^\W_]")
 
 
-# A word of this many characters or more whose box is this many times as tall as wide runs down
-# or up the page: set level, a word of four letters is about twice as wide as tall.
+# A lone word of this many characters or more whose box is this many times as tall as wide runs
+# down or up the page; one as wide as tall or wider lies level (set level, a word of four letters
+# is about twice as wide as tall). A shorter lone word cannot tell: it goes with its block.
 UPRIGHT_WORD_CHARS, UPRIGHT_WORD_RATIO = 4, 1.5
 
 
-def reading_turn(boxes: list[tuple[int, int, int, int]], texts: list[str]) -> int | None:
+def reading_turn(boxes: list[tuple[int, int, int, int]]) -> int | None:
     """The clockwise turn (0, 90 or 270) that sets a line of words with these boxes level: 270 where
     its words follow each other down the page (text turned a quarter clockwise: a page read as it
     lay sideways), 90 where they follow each other up (a turned table heading), 0 for a level
-    line. None for a lone word that runs down or up, whose direction its box cannot tell."""
-    if len(boxes) == 1:
-        x0, y0, x1, y1 = boxes[0]
-        tall = len(texts[0]) >= UPRIGHT_WORD_CHARS and (y1 - y0) > UPRIGHT_WORD_RATIO * (x1 - x0)
-        return None if tall else 0
+    line. None for a lone word: one box cannot tell (``lone_word_turn``)."""
+    if len(boxes) < 2:
+        return None
     steps = [((b[0] + b[2] - a[0] - a[2]) / 2, (b[1] + b[3] - a[1] - a[3]) / 2) for a, b in itertools.pairwise(boxes)]
     if all(dy > abs(dx) for dx, dy in steps):
         return 270
     if all(-dy > abs(dx) for dx, dy in steps):
         return 90
     return 0
+
+
+def lone_word_turn(box: tuple[int, int, int, int], text: str, block_turns: list[int]) -> int:
+    """The turn of a line of one word, given the turns of its block's other lines: a long word
+    standing on end runs the way the block's turned lines run (tesseract reads a line down the
+    page where it knows no other way: 270); a long word lying down is level; a short one goes
+    the way most of its block goes (level in a block of none)."""
+    x0, y0, x1, y1 = box
+    if len(text) >= UPRIGHT_WORD_CHARS:
+        if (y1 - y0) > UPRIGHT_WORD_RATIO * (x1 - x0):
+            turned = [turn for turn in block_turns if turn]
+            return max(set(turned), key=turned.count) if turned else 270
+        if (y1 - y0) <= (x1 - x0):
+            return 0
+    return max(set(block_turns), key=block_turns.count) if block_turns else 0
 
 
 def _line_boxes(line: Tag, words: list[Tag], turn: int) -> str | None:
@@ -129,19 +143,19 @@ def hocr_to_chandra_html(hocr: str, width: int, height: int, word_boxes: bool = 
                 # One word, one token: whitespace inside a word (rare) would split it in the text.
                 words = ["".join(w.get_text().split()) for w in tags]
                 if words:
-                    tag_boxes = [_bbox(w) for w in tags]
-                    turn = reading_turn([b for b in tag_boxes if b is not None], words) if all(tag_boxes) else 0
-                    found.append((line, tags, words, turn))
+                    tag_boxes = [b for b in (_bbox(w) for w in tags) if b is not None]
+                    turn = reading_turn(tag_boxes) if len(tag_boxes) == len(tags) else 0
+                    found.append((line, tags, words, turn, tag_boxes))
             pars.append(found)
-        # A lone upright word runs the way of the block's other turned lines (tesseract gives a
-        # block one direction); in a block without them, it is set level.
-        turns = [turn for found in pars for *_, turn in found if turn]
-        block_turn = max(set(turns), key=turns.count) if turns else 0
+        # tesseract reads a block one way: a line of one word, which cannot tell, goes with it
+        block_turns = [turn for found in pars for *_, turn, _ in found if turn is not None]
         for found in pars:
             lines = []
-            for line, tags, words, turn in found:
+            for line, tags, words, turn, tag_boxes in found:
                 lines.append(" ".join(words))
-                boxes.append(_line_boxes(line, tags, block_turn if turn is None else turn))
+                if turn is None:
+                    turn = lone_word_turn(tag_boxes[0], words[0], block_turns) if tag_boxes else 0
+                boxes.append(_line_boxes(line, tags, turn))
             if not lines:
                 continue
             text = html.escape(" ".join(lines), quote=False)
