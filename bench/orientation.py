@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CORPUS = REPO.parent / "shared" / "corpus"
+# CHANDRAD_CORPUS: where the corpus is elsewhere (the device: bench/stage-device.sh carries these scans).
+CORPUS = Path(os.environ.get("CHANDRAD_CORPUS") or REPO.parent / "shared" / "corpus")
 sys.path.insert(0, str(REPO))
 
 # The pages of the corpus that are not upright as they render: cardinal.pdf is OCRmyPDF's test of

@@ -23,9 +23,9 @@ for threads in ${INBOX_THREADS_ALSO:-}; do
   grep -q "^INBOX_THREADS = $threads\b" ".bench-carry/src-t$threads/chandrad/runtime.py" || { echo "INBOX_THREADS not found"; exit 1; }
 done
 cp ../shared/device/make_model.py .bench-carry/
-# The scans bench/prepare.py --parallel reads (2.3 MiB; bench/cpu_device.sh points CHANDRAD_CORPUS here).
+# The scans bench/prepare.py --parallel and bench/orientation.py read (2.5 MiB; CHANDRAD_CORPUS points here).
 mkdir -p .bench-carry/corpus && (cd ../shared/corpus && cp linn.pdf c02-22.pdf cardinal.pdf lichtenstein.pdf kcs.pdf \
-  francais.pdf skew.pdf multipage.pdf epson.pdf ccitt.pdf jbig2.pdf "$OLDPWD/.bench-carry/corpus/")
+  francais.pdf skew.pdf multipage.pdf epson.pdf ccitt.pdf jbig2.pdf typewriter.png baiona.png "$OLDPWD/.bench-carry/corpus/")
 cp /usr/bin/pdftoppm /usr/bin/pdfinfo .bench-carry/poppler/bin/
 ldd /usr/bin/pdftoppm /usr/bin/pdfinfo | awk '/=>/{print $3}' | sort -u \
   | grep -v -E '/(libc|libm|libgcc_s|libstdc\+\+|libpthread|libdl|librt)\.so' \
