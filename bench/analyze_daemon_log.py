@@ -2,6 +2,7 @@
 """Where the daemon's time went in one bench/overhead.py run, from its JSON log and RESULT file.
 
 Usage: python bench/analyze_daemon_log.py RESULT.json DAEMON.log[.gz] [--out ANALYSIS.json] [--step 4]
+       [--phase remote]   (the daemon on engine.url: RESULT's "remote" phase instead of "daemon")
 
 Prints and saves: when documents were queued after the drop (intake curve and its mean gap),
 when pages were sent to the engine and came back, pages at the engine every --step seconds
@@ -42,9 +43,10 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--step", type=float, default=4.0)
     ap.add_argument("--skip-file", default="page-warm.pdf")
+    ap.add_argument("--phase", default="daemon", help="the daemon's phase in RESULT (remote: on engine.url)")
     a = ap.parse_args()
     result = json.loads(Path(a.result).read_text())
-    daemon, bare = result.get("daemon", {}), result.get("bare", {})
+    daemon, bare = result.get(a.phase, {}), result.get("bare", {})
     if not daemon.get("pages") or not daemon.get("wall_s"):
         raise SystemExit(f"{a.result}: the daemon published no timed page (stopped in "
                          f"{daemon.get('stopped_in', 'the timed window')}); nothing to analyse")
