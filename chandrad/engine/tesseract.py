@@ -89,14 +89,13 @@ def lone_word_turn(box: tuple[int, int, int, int], text: str, block_turns: list[
     return max(set(block_turns), key=block_turns.count) if block_turns else 0
 
 
-def _line_boxes(line: Tag, words: list[Tag], turn: int) -> str | None:
+def _line_boxes(line: Tag, words: list[Tag], word_boxes: list[tuple[int, int, int, int]], turn: int) -> str | None:
     """One entry of ``data-lines``: ``x0 y0 x1 y1 n s`` (top and bottom at x0, slope s / 10000, from
     hOCR's baseline) and each word's ``x0 x1``; for a line running down or up the page (``turn``
-    90 or 270), its box, slope 0, each word's ``y0 y1``, and the turn last."""
+    90 or 270), its box, slope 0, each word's ``y0 y1``, and the turn last. ``word_boxes``: the
+    boxes of ``words`` that have one (None unless every word has)."""
     box = _bbox(line)
-    found = [_bbox(word) for word in words]
-    word_boxes = [b for b in found if b is not None]
-    if box is None or len(word_boxes) < len(found):
+    if box is None or len(word_boxes) < len(words):
         return None
     x0, y0, x1, y1 = box
     if turn:
@@ -155,7 +154,7 @@ def hocr_to_chandra_html(hocr: str, width: int, height: int, word_boxes: bool = 
                 lines.append(" ".join(words))
                 if turn is None:
                     turn = lone_word_turn(tag_boxes[0], words[0], block_turns) if tag_boxes else 0
-                boxes.append(_line_boxes(line, tags, turn))
+                boxes.append(_line_boxes(line, tags, tag_boxes, turn))
             if not lines:
                 continue
             text = html.escape(" ".join(lines), quote=False)

@@ -103,8 +103,9 @@ def _line_frame(frame: Frame, turn: int) -> Frame:
     running down or up the page runs level (its numbers are in those pixels: ``pdf.lines.line_turn``)."""
     if not turn:
         return frame
-    width, height = (frame.height, frame.width) if turn in (90, 270) else (frame.width, frame.height)
-    return dataclasses.replace(frame, rotate=(frame.rotate + turn) % 360, width=width, height=height)
+    if turn == 180:
+        return turned_frame(frame, turn)
+    return dataclasses.replace(turned_frame(frame, turn), width=frame.height, height=frame.width)
 
 
 # -- the text layer --------------------------------------------------------------------------------------
