@@ -44,8 +44,9 @@ PNG_COMPRESS_LEVEL = 1
 def _png_data_url(image: Image.Image) -> str:
     scaled = scale_to_fit(image.convert("RGB"))
     if _is_grey(scaled):
-        # A grey page goes as a grey PNG: half the encoding time and ~40 % fewer bytes for a 192 dpi
-        # scan (linn, skew, epson: 42-45 ms instead of 86-94 ms). The model sees the same pixels:
+        # A grey page goes as a grey PNG: ~40 % fewer bytes and about half the PNG's encoding for a
+        # 192 dpi scan; the whole step, scale_to_fit included, 0.71-0.97 x (bench/remote_png.py,
+        # five grey corpus scans on one core). The model sees the same pixels:
         # the server turns it into RGB by copying each value into the three channels, and Pillow's
         # RGB -> L of three equal channels gives that value back exactly (its weights sum to 1).
         scaled = scaled.convert("L")
