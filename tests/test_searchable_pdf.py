@@ -392,6 +392,55 @@ def test_a_line_running_up_or_down_the_margin_is_found_where_it_is_printed(turn,
         assert word.y1 - word.y0 > word.x1 - word.x0, word
 
 
+@pytest.mark.parametrize("turn", [0, 270], ids=["level", "down"])
+def test_a_column_whose_lines_reach_down_unequally_reads_as_one_block_in_order(turn, tmp_path):
+    """Four lines of one column, the third without descenders (its box a fifth shorter), given as
+    the tesseract engine gives them, level or running down the page: pdftotext reads them as one
+    block of equal-sized words, in order, and joins the word hyphenated across the line end. (Each
+    line drawn at its own box's size made this column three blocks; on bench/peers.py's page lying
+    sideways, pdftotext put such blocks of a column out of order and a word's halves apart.)"""
+    lines = ["words printed down the", "page in one column interna-", "tional and set in lines", "of one size of type"]
+    # (top, bottom) across each line: the third line's box ends at its baseline
+    across = [(100, 130), (140, 170), (180, 204), (220, 250)]
+    entries, along_end = [], 0
+    for text, (top, bottom) in zip(lines, across, strict=True):
+        spans, position = [], 100
+        for word in text.split():
+            spans.append((position, position + 12 * len(word)))
+            position += 12 * (len(word) + 1)
+        along_end = max(along_end, position)
+        words = " ".join(f"{a} {b}" for a, b in spans)
+        if turn == 0:
+            entries.append(f"100 {top} {spans[-1][1]} {bottom} {len(spans)} 0 {words}")
+        else:  # a line running down: its letters' tops face right, so the next line lies to its left
+            entries.append(f"{400 - bottom} 100 {400 - top} {spans[-1][1]} {len(spans)} 0 {words} 270")
+    width, height = (800, 400) if turn == 0 else (400, 800)
+    if turn == 0:
+        x0, y0, x1, y1 = 100, 100, along_end, 250
+    else:
+        x0, y0, x1, y1 = 150, 100, 300, along_end
+    box = f"{x0 * 1000 // width} {y0 * 1000 // height} {-(-x1 * 1000 // width)} {-(-y1 * 1000 // height)}"
+    html = f'<div data-bbox="{box}" data-label="Text" data-lines="{",".join(entries)}"><p>{" ".join(lines)}</p></div>'
+    image = Image.new("L", (width, height), 255)
+    chunks = parse_chunks(html, image)
+    layer = PageLayer(width, height, chunks, page_text_lines(image, chunks, html))
+    assert [line.turn for line in placed_lines(layer)] == [turn] * 4
+    source = tmp_path / "page.pdf"
+    with pikepdf.new() as pdf:
+        pdf.add_blank_page(page_size=(width / 2, height / 2))
+        pdf.save(source)
+    report = build_searchable_pdf(source, "pdf", [layer], tmp_path / "out.pdf", pdfa=False, replace_text=False)
+    assert report.words == sum(len(text.split()) for text in lines)
+    text = _run("pdftotext", str(tmp_path / "out.pdf"), "-").stdout
+    expected = " ".join(lines).replace("interna- tional", "international")
+    assert _words(text) == _words(expected), text
+    layout = _run("pdftotext", "-bbox-layout", str(tmp_path / "out.pdf"), "-").stdout
+    assert layout.count("<block") == 1, layout
+    _, _, words = _bbox_words(tmp_path / "out.pdf", 1)
+    sizes = {round(word.y1 - word.y0 if turn == 0 else word.x1 - word.x0, 1) for word in words}
+    assert len(sizes) == 1, sizes
+
+
 # -- PDF/A ---------------------------------------------------------------------------------------------
 
 

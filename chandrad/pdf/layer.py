@@ -22,6 +22,10 @@ from pikepdf.canvas import ContentStreamBuilder
 from chandrad.pdf.font import ADVANCE, ASCENT, DESCENT, encode
 from chandrad.pdf.lines import SLOPE_SCALE, BlockLines, PageLines, block_tokens, line_turn, line_words, turned_box
 
+# A line this far from its block's median height is set at that height (``_usual_heights``): the
+# spread of ascenders and descenders in one size of type, not a heading's larger size.
+EVEN_LOW, EVEN_HIGH = 0.75, 1.25
+
 
 @dataclass(frozen=True)
 class PageLayer:
@@ -174,6 +178,7 @@ def placed_lines(layer: PageLayer) -> list[PlacedLine]:
         box = [float(v) for v in chunk["bbox"]]
         known = layer.lines[index] if layer.lines is not None and index < len(layer.lines) else None
         lines = known if known and sum(line[4] for line in known) == len(tokens) else _estimated_lines(tokens, box)
+        usual = _usual_heights(lines)
         for line, words in _words_of(tokens, lines):
             turn = line_turn(line)
             # the block's box where the line's numbers are: on the page image turned as the line
@@ -181,6 +186,12 @@ def placed_lines(layer: PageLayer) -> list[PlacedLine]:
             top = min(max(float(line[1]), by0), by1 - 1)
             bottom = max(min(float(line[3]), by1), top + 1)
             slope = line[5] / SLOPE_SCALE if len(line) > 5 else 0.0
+            typical = usual.get(turn)
+            if typical is not None and EVEN_LOW * typical <= float(line[3]) - float(line[1]) <= EVEN_HIGH * typical:
+                # taller only as far as the block's box leaves room where a sloping line is lowest
+                lowest = max(0.0, slope * (float(line[2]) - float(line[0])))
+                evened = top + typical
+                bottom = evened if evened <= bottom else max(bottom, min(evened, by1 - lowest))
             placed = []
             for word, a, b in words:
                 a = min(max(a, bx0), bx1 - 1)
@@ -188,6 +199,22 @@ def placed_lines(layer: PageLayer) -> list[PlacedLine]:
             size = (layer.width, layer.height)
             out.append(PlacedLine(index, float(line[0]), top, bottom, slope, placed, turn, size))
     return out
+
+
+def _usual_heights(lines: BlockLines) -> dict[int, float]:
+    """The median height of a block's lines, for each turn they run at (blocks of two lines or more).
+
+    A line's box reaches only as far as its own letters do: one without descenders is ~15 % shorter
+    than the next, and its text would be drawn that much smaller. pdftotext starts a new block
+    wherever two lines' sizes differ by more than 5 %: a column came out as one-line blocks, whose
+    order it got wrong in text running down the page (a hyphenated word's halves apart). So a line
+    of about the usual height is drawn at exactly that height, from its top (capitals and ascenders:
+    nearly every line has some); a heading's larger type keeps its own.
+    """
+    by_turn: dict[int, list[float]] = {}
+    for line in lines:
+        by_turn.setdefault(line_turn(line), []).append(float(line[3]) - float(line[1]))
+    return {turn: sorted(heights)[len(heights) // 2] for turn, heights in by_turn.items() if len(heights) > 1}
 
 
 def _estimated_lines(tokens: list[str], bbox: Sequence[float]) -> BlockLines:
