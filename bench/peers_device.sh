@@ -25,6 +25,8 @@ fi
 source "$(dirname "$0")/tools_env.sh"
 setup_tools || exit 1
 cp .bench-carry/bin/pdftotext "$TOOLS/bin/"  # the bundle has pdftoppm and pdfinfo; same libraries
+# tesseract's output configs (hocr, txt, pdf), which OCRmyPDF and chandrad name; the bundle has only the models
+cp -r .bench-carry/tessdata/. "$TESSDATA_PREFIX/"
 export PYTHONPATH=/root/site CHANDRAD_CORPUS=$PWD/.bench-carry/corpus PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 { cat .bench-carry/src/SOURCE.txt; echo "cores $(nproc)"; tesseract --version 2>&1 | head -1; gs --version; /usr/local/bin/ocrmypdf --version; } 2>&1
 python3 bench/peers.py --ocrmypdf /usr/local/bin/ocrmypdf "$@"
