@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from chandra.output import parse_chunks, parse_markdown
 from pdf2image import convert_from_path
 
@@ -11,6 +12,7 @@ from chandrad.config import EngineSettings
 from chandrad.engine import create_engine
 from chandrad.engine.base import PageRequest
 from chandrad.engine.tesseract import TesseractEngine, hocr_to_chandra_html
+from chandrad.errors import PermanentError
 from tests.conftest import corpus_file
 
 HOCR = (
@@ -26,6 +28,15 @@ HOCR = (
 def test_hocr_blocks_become_text_divs_with_normalised_bboxes():
     html = hocr_to_chandra_html(HOCR, width=2000, height=1000)
     assert html == '<div data-bbox="100 100 900 300" data-label="Text"><p>Hello &amp; world</p></div>'
+
+
+def test_hocr_with_a_character_xml_does_not_allow_is_read_and_unreadable_hocr_is_a_clear_error():
+    """tesseract's hOCR is read as XML: a control character in a word (not allowed in XML 1.0) is
+    left out rather than losing the page; hOCR that is not XML at all fails the page with a reason."""
+    html = hocr_to_chandra_html(HOCR.replace("Hello", "Hel\x0blo"), width=2000, height=1000)
+    assert html == '<div data-bbox="100 100 900 300" data-label="Text"><p>Hello &amp; world</p></div>'
+    with pytest.raises(PermanentError, match="hOCR could not be read"):
+        hocr_to_chandra_html(HOCR.replace("</p>", ""), width=2000, height=1000)
 
 
 def _two_paragraphs(first_line: str, second_line: str) -> str:
