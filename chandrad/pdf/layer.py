@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pikepdf
-from pikepdf import Matrix, Name
-from pikepdf.canvas import ContentStreamBuilder
+from pikepdf import Name
 
 from chandrad.pdf.font import ADVANCE, ASCENT, DESCENT, encode
 from chandrad.pdf.lines import SLOPE_SCALE, BlockLines, PageLines, block_tokens, line_turn, line_words, turned_box
@@ -242,28 +241,34 @@ def _estimated_lines(tokens: list[str], bbox: Sequence[float]) -> BlockLines:
 
 
 def text_layer(frame: Frame, layer: PageLayer, font: str) -> tuple[bytes, int]:
-    """The page's invisible text as content-stream bytes, and how many words it holds."""
-    builder = ContentStreamBuilder()
-    builder.push()
-    builder.begin_text()
-    builder.set_text_rendering(3)
-    builder.set_text_font(Name(font), 1)
+    """The page's invisible text as content-stream bytes, and how many words it holds.
+
+    Written as text directly, the very bytes pikepdf's ContentStreamBuilder wrote: its objects a
+    glyph run cost ~15 times more, and on 16 cores this step's share of the GIL bound the CPU path
+    (bench/NOTES-overhead.md).
+    """
+    parts = ["q\nBT\n3 Tr\n", f"{Name(font).unparse().decode('ascii')} 1 Tf\n"]
     count = 0
     for line in placed_lines(layer):
         line_frame = _line_frame(frame, line.turn)
         for k, (word, a, b) in enumerate(line.words):
-            _show(builder, line_frame, line, word, a, b)
+            parts.append(_show(line_frame, line, word, a, b))
             count += 1
             if k + 1 < len(line.words):
                 # A space glyph over the gap: extraction and copying see the word break.
-                _show(builder, line_frame, line, " ", b, max(line.words[k + 1][1], b + 0.5))
-    builder.end_text()
-    builder.pop()
-    return builder.build(), count
+                parts.append(_show(line_frame, line, " ", b, max(line.words[k + 1][1], b + 0.5)))
+    parts.append("ET\nQ\n")
+    return "".join(parts).encode("ascii"), count
 
 
-def _show(builder: ContentStreamBuilder, frame: Frame, line: PlacedLine, text: str, a: float, b: float) -> None:
-    """One string whose glyph boxes span pixels a..b of the line: baseline 4/5 down, font size its height.
+def _number(value: float) -> str:
+    """A number as a content stream holds it (as qpdf writes it: no trailing zeros, "-0" kept)."""
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def _show(frame: Frame, line: PlacedLine, text: str, a: float, b: float) -> str:
+    """One string whose glyph boxes span pixels a..b of the line: baseline 4/5 down, font size its
+    height (its ``Tm`` and ``TJ``; nothing where the box is empty).
 
     A skewed line is drawn as level words at the line's height under each word's middle: glyphs
     on one baseline are what text extraction joins into one word.
@@ -278,19 +283,17 @@ def _show(builder: ContentStreamBuilder, frame: Frame, line: PlacedLine, text: s
     length = math.hypot(end[0] - origin[0], end[1] - origin[1])
     size = math.hypot(up[0] - low[0], up[1] - low[1])
     if length <= 0 or size <= 0:
-        return
+        return ""
     dx, dy = (end[0] - origin[0]) / length, (end[1] - origin[1]) / length
     ux, uy = (up[0] - low[0]) / size, (up[1] - low[1]) / size
     encoded = encode(text)
     scale = length / (len(encoded) / 2 * ADVANCE / 1000)
-    builder.set_text_matrix(
-        Matrix(
-            round(scale * dx, 3),
-            round(scale * dy, 3),
-            round(size * ux, 3),
-            round(size * uy, 3),
-            round(origin[0], 2),
-            round(origin[1], 2),
-        )
+    matrix = (
+        round(scale * dx, 3),
+        round(scale * dy, 3),
+        round(size * ux, 3),
+        round(size * uy, 3),
+        round(origin[0], 2),
+        round(origin[1], 2),
     )
-    builder.show_text(encoded)
+    return f"{' '.join(map(_number, matrix))} Tm\n[ <{encoded.hex()}> ] TJ\n"
