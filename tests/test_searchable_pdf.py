@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pikepdf
 import pytest
+from bs4 import BeautifulSoup
 from chandra.output import parse_chunks, parse_markdown
 from PIL import Image, ImageOps, ImageSequence
 
@@ -439,6 +440,30 @@ def test_a_column_whose_lines_reach_down_unequally_reads_as_one_block_in_order(t
     _, _, words = _bbox_words(tmp_path / "out.pdf", 1)
     sizes = {round(word.y1 - word.y0 if turn == 0 else word.x1 - word.x0, 1) for word in words}
     assert len(sizes) == 1, sizes
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "<p>Hello &amp; caf&eacute; &nbsp;world</p><p>two\nlines</p>",
+        "<table><tr><th>Item</th><td colspan=2>two words</td></tr></table>",
+        "<h2 class='t'>Title</h2><ul><li>one</li><li>two<br/>three</li></ul>",
+        "<math>\\frac{a}{b}</math>",
+        "<p>x<img src='a.png' alt='a picture'>y</p>",
+        "<p>a<!-- a comment -->b</p>",
+        "<p>x<script>var hidden</script>y</p>",
+        "<p title='a>b'>t</p>",
+        "<p>1 < 2 and 3 > 2</p>",
+        "plain words",
+    ],
+)
+def test_a_blocks_words_are_what_an_html_parser_finds_in_its_text(content):
+    """The words a block gives the text layer are those of BeautifulSoup's text of its markup, images
+    left out, whether or not the markup is simple enough to be read without building a tree."""
+    soup = BeautifulSoup(content, "html.parser")
+    for image in soup.find_all("img"):
+        image.decompose()
+    assert block_tokens({"label": "Text", "content": content}) == soup.get_text(" ").split()
 
 
 # -- PDF/A ---------------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@ layer (``chandrad.pdf.layer``) is placed from it at publish time.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from html import unescape
 from typing import Any
 
 import numpy as np
@@ -64,12 +66,28 @@ def line_words(line: list[int]) -> list[int]:
     return line[FIRST_WORD : len(line) - (1 if line_turn(line) else 0)]
 
 
+# Markup whose text needs no HTML parser: tags of text, tables and lists (no attribute holding a
+# "<" or ">"), text without "<" or ">", entities. The tesseract engine's blocks are all of this kind, as
+# are most of Chandra's; an image, a comment, a script, anything else goes to BeautifulSoup.
+_PLAIN_MARKUP = re.compile(
+    r"(?:<(?:/?(?:p|br|b|i|u|s|em|strong|sub|sup|small|span|div|h[1-6]|ul|ol|li|table|thead|tbody|tfoot"
+    r"|tr|td|th|caption|math|code|pre|blockquote)\b[^<>]*)>|[^<>])*",
+    re.IGNORECASE,
+)
+_TAG = re.compile(r"<[^<>]*>")
+
+
 def block_tokens(chunk: dict[str, Any]) -> list[str]:
     """The block's words in reading order, as the text layer carries them: a table's cell by cell,
     math as its LaTeX source; [] for blocks that are not text (figures, blank pages)."""
     if chunk.get("label") in _NO_TEXT:
         return []
-    soup = BeautifulSoup(chunk.get("content", ""), "html.parser")
+    content = chunk.get("content", "")
+    if _PLAIN_MARKUP.fullmatch(content):
+        # What BeautifulSoup's get_text(" ") gives such markup, without building its tree: three
+        # times a page for every block (lines, layer, build), that parse was a share of the GIL.
+        return unescape(_TAG.sub(" ", content)).split()
+    soup = BeautifulSoup(content, "html.parser")
     for image in soup.find_all("img"):
         image.decompose()
     return soup.get_text(" ").split()
