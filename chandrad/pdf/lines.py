@@ -109,7 +109,8 @@ def page_text_lines(
     engine's own word boxes (the tesseract engine's ``data-lines``), those are used; elsewhere
     the block's pixels are segmented. Blocking (≈ tens of ms per page): run it in a thread.
     """
-    exact = _exact_lines(html, len(chunks), image.size) if html else [None] * len(chunks)
+    # Only the tesseract engine gives boxes: a Chandra page's HTML is not parsed once more for none.
+    exact = _exact_lines(html, len(chunks), image.size) if html and "data-lines" in html else [None] * len(chunks)
     result: PageLines = [[] for _ in chunks]
     todo: list[tuple[int, list[str], np.ndarray, int, int]] = []
     gray: np.ndarray | None = None
