@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ from chandrad.config import EngineSettings
 from chandrad.engine import create_engine
 from chandrad.engine.base import PageRequest
 from chandrad.engine.tesseract import TesseractEngine, hocr_to_chandra_html
-from chandrad.errors import PermanentError
+from chandrad.errors import ConfigError, PermanentError
 from tests.conftest import corpus_file
 
 HOCR = (
@@ -151,6 +154,28 @@ async def test_tesseract_reads_a_corpus_page_into_parseable_chandra_html():
     assert chunks and all(chunk["label"] == "Text" for chunk in chunks)
     assert all(0 <= chunk["bbox"][0] < chunk["bbox"][2] <= image.width for chunk in chunks)
     assert "LinnSequencer" in parse_markdown(result.html)
+
+
+def _tessdata() -> Path:
+    listed = subprocess.run(["tesseract", "--list-langs"], capture_output=True, text=True, check=True).stdout
+    return Path(re.search(r'"([^"]+)"', listed).group(1))
+
+
+async def test_a_tesseract_that_cannot_write_hocr_or_lacks_the_language_is_refused_at_start(tmp_path, monkeypatch):
+    """A tessdata holding the models but not configs/hocr makes tesseract print plain text (read as
+    an empty page, every document would have come out blank), and a language that is not
+    installed fails every page: the engine's start says which, and what to install."""
+    models = tmp_path / "tessdata"
+    models.mkdir()
+    for name in ("eng.traineddata", "osd.traineddata"):
+        shutil.copy(_tessdata() / name, models / name)
+    monkeypatch.setenv("TESSDATA_PREFIX", str(models))
+    with pytest.raises(ConfigError, match="no configs/hocr"):
+        await TesseractEngine().start()
+    monkeypatch.delenv("TESSDATA_PREFIX")
+    with pytest.raises(ConfigError, match="cannot read pages in 'xyz'.*apt-get install tesseract-ocr-"):
+        await TesseractEngine(languages="xyz").start()
+    await TesseractEngine().start()  # the installed one passes
 
 
 def test_auto_falls_back_to_tesseract_without_a_gpu(monkeypatch):

@@ -60,6 +60,6 @@ async def test_the_tesseract_engines_runs_are_below_the_daemons_cpu_priority(
     wrapper.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     engine = TesseractEngine()
-    await engine.start()  # runs `tesseract --version`
+    await engine.start()  # runs `tesseract --version`, then a blank page
     assert engine.model.startswith("tesseract 5"), engine.model
     assert int(seen.read_text()) == expected_niceness()

@@ -30,7 +30,7 @@ import xml.etree.ElementTree as ET
 from PIL import Image
 
 from chandrad.engine.base import EngineStatus, PageRequest, PageResult
-from chandrad.errors import PermanentError, TransientError
+from chandrad.errors import ConfigError, DocumentError, PermanentError, TransientError
 from chandrad.priority import lower_priority
 
 _BBOX = re.compile(r"bbox (\d+) (\d+) (\d+) (\d+)")
@@ -238,6 +238,25 @@ class TesseractEngine:
             raise RuntimeError("tesseract is not installed: apt-get install tesseract-ocr tesseract-ocr-eng")
         version = await self._run(["tesseract", "--version"], b"")
         self.model = f"tesseract {version.decode(errors='replace').split()[1]}:{self.languages}"
+        # A blank page through the very command every page runs: a language not installed, or a
+        # tessdata without its hocr config (tesseract then writes plain text), is said once, at
+        # start, instead of failing every document.
+        blank = _grey_ppm(Image.new("L", (64, 32), 255))
+        try:
+            probe = await self._run(self._command(), blank)
+        except DocumentError as error:
+            raise ConfigError(
+                f"tesseract cannot read pages in {self.languages!r} ({' '.join(error.reason.split())}); "
+                "Debian: apt-get install tesseract-ocr-<lang> for each language of engine.tesseract_languages"
+            ) from None
+        if b"ocr_page" not in probe:
+            raise ConfigError(
+                "tesseract wrote no hOCR: its tessdata has no configs/hocr "
+                f"(TESSDATA_PREFIX={os.environ.get('TESSDATA_PREFIX', 'unset')}); reinstall tesseract-ocr"
+            )
+
+    def _command(self) -> list[str]:
+        return ["tesseract", "-", "-", "-l", self.languages, "hocr"]
 
     async def _run(self, args: list[str], stdin: bytes) -> bytes:
         # One thread per process: we run one process per core instead.
@@ -275,7 +294,7 @@ class TesseractEngine:
         width, height = request.image.size
         ppm = await asyncio.to_thread(_grey_ppm, request.image)  # conversions and parsing: off the event loop
         async with self._slots:
-            hocr = await self._run(["tesseract", "-", "-", "-l", self.languages, "hocr"], ppm)
+            hocr = await self._run(self._command(), ppm)
         html = await asyncio.to_thread(
             hocr_to_chandra_html, hocr.decode("utf-8", errors="replace"), width, height, self.word_boxes
         )
