@@ -126,14 +126,15 @@ def test_sd_notify_ready_status_watchdog_reload_and_stopping(daemon_factory, not
 
 
 def hung_tesseract_path(tmp_path) -> str:
-    """A PATH whose tesseract answers --version (start-up) and judges a page's orientation (--psm 0,
-    before the engine), but as the engine never finishes a page."""
+    """A PATH whose tesseract answers --version and reads the engine's blank page (start-up, at 70
+    dpi) and judges a page's orientation (--psm 0, before the engine), but as the engine never
+    finishes a page."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     real = shutil.which("tesseract")
     (fake_bin / "tesseract").write_text(
         f'#!/bin/sh\n[ "$1" = "--version" ] && exec {real} --version\n'
-        f'case " $* " in *" --psm 0 "*) exec {real} "$@";; esac\nexec sleep 600\n'
+        f'case " $* " in *" --psm 0 "*|*" --dpi 70 "*) exec {real} "$@";; esac\nexec sleep 600\n'
     )
     (fake_bin / "tesseract").chmod(0o755)
     return f"{fake_bin}:{os.environ['PATH']}"

@@ -30,7 +30,7 @@ import xml.etree.ElementTree as ET
 from PIL import Image
 
 from chandrad.engine.base import EngineStatus, PageRequest, PageResult
-from chandrad.errors import ConfigError, DocumentError, PermanentError, TransientError
+from chandrad.errors import ConfigError, PermanentError, TransientError
 from chandrad.priority import lower_priority
 
 _BBOX = re.compile(r"bbox (\d+) (\d+) (\d+) (\d+)")
@@ -238,13 +238,14 @@ class TesseractEngine:
             raise RuntimeError("tesseract is not installed: apt-get install tesseract-ocr tesseract-ocr-eng")
         version = await self._run(["tesseract", "--version"], b"")
         self.model = f"tesseract {version.decode(errors='replace').split()[1]}:{self.languages}"
-        # A blank page through the very command every page runs: a language not installed, or a
-        # tessdata without its hocr config (tesseract then writes plain text), is said once, at
-        # start, instead of failing every document.
+        # A blank page through the command every page runs (its resolution given: a PPM has none,
+        # and tesseract would warn): a language not installed, or a tessdata without its hocr
+        # config (tesseract then writes plain text), is said once, at start, instead of failing
+        # every document.
         blank = _grey_ppm(Image.new("L", (64, 32), 255))
         try:
-            probe = await self._run(self._command(), blank)
-        except DocumentError as error:
+            probe = await self._run([*self._command(), "--dpi", "70"], blank)
+        except PermanentError as error:
             raise ConfigError(
                 f"tesseract cannot read pages in {self.languages!r} ({' '.join(error.reason.split())}); "
                 "Debian: apt-get install tesseract-ocr-<lang> for each language of engine.tesseract_languages"

@@ -329,7 +329,7 @@ def test_a_tesseract_killed_once_is_retried_and_the_document_published(chaos_fac
     flag = tmp_path / "kill-next-tesseract"
     flag.touch()
     env = fake_tools(tmp_path / "bin", tesseract=(
-        f'case "$*" in *--version*|*--list*) exec /usr/bin/tesseract "$@";; esac\n'
+        f'case "$*" in *--version*|*--list*|*"--dpi 70"*) exec /usr/bin/tesseract "$@";; esac\n'
         f'if rm {flag} 2>/dev/null; then kill -9 $$; fi\nexec /usr/bin/tesseract "$@"'))
     daemon: ChaosDaemon = chaos_factory(tmp_path / "tree", env=env)
     daemon.start()
