@@ -270,7 +270,8 @@ def test_replicas_start_side_by_side_and_one_killed_replica_restarts_alone(daemo
     victim, survivor = cores
     # Killed while it reads a page (once, right after the first page, it had none in hand and
     # nothing could move): its CPU time says so, seen from outside.
-    wait_for(lambda: busy(victim), 120, "the replica to be reading a page")
+    # A half-second sample alone once ended with its last page just done: killed then, it held none.
+    wait_for(lambda: busy(victim) and busy(victim, seconds=0.1, ticks=2), 120, "the replica to be reading a page")
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: daemon.settled_all(2), 240, "both documents after one replica was killed")
     assert daemon.states() == {"multipage.pdf": "published", "cardinal.pdf": "published"}
