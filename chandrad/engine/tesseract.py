@@ -126,7 +126,9 @@ def _line_boxes(
 _BROKEN_AT_END = re.compile(r"[^\W\d_]-$")
 
 
-# hOCR's classes of a line of text (tesseract writes the last three for lines it sets apart)
+# hOCR's classes: a block, a paragraph, a line of text (tesseract writes the last three for lines it
+# sets apart), a word
+_AREA, _PARAGRAPH, _WORD = frozenset({"ocr_carea"}), frozenset({"ocr_par"}), frozenset({"ocrx_word"})
 _LINE_CLASSES = frozenset({"ocr_line", "ocr_caption", "ocr_textfloat", "ocr_header"})
 # What XML 1.0 does not allow in a document: the one thing that could keep tesseract's hOCR from parsing.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
@@ -156,20 +158,23 @@ def hocr_to_chandra_html(hocr: str, width: int, height: int, word_boxes: bool = 
     ``word_boxes``, each block's line and word boxes in ``data-lines`` (pixels)."""
     tree = _hocr_tree(hocr)
     blocks = []
-    for area in _within(tree, frozenset({"ocr_carea"})):
+    for area in _within(tree, _AREA):
         paragraphs: list[str] = []
         boxes: list[str | None] = []
         pars = []
-        for par in _within(area, frozenset({"ocr_par"})):
+        for par in _within(area, _PARAGRAPH):
             found = []
             for line in _within(par, _LINE_CLASSES):
-                # One word, one token: whitespace inside a word (rare) would split it in the text.
-                tags = [(w, "".join("".join(w.itertext()).split())) for w in _within(line, frozenset({"ocrx_word"}))]
-                tags = [(w, text) for w, text in tags if text]
-                words = [text for _, text in tags]
+                words, tag_boxes = [], []
+                for word in _within(line, _WORD):
+                    # One word, one token: whitespace inside a word (rare) would split it in the text.
+                    text = "".join("".join(word.itertext()).split())
+                    if text:
+                        words.append(text)
+                        if (box := _bbox(word)) is not None:
+                            tag_boxes.append(box)
                 if words:
-                    tag_boxes = [b for b in (_bbox(w) for w, _ in tags) if b is not None]
-                    turn = reading_turn(tag_boxes) if len(tag_boxes) == len(tags) else 0
+                    turn = reading_turn(tag_boxes) if len(tag_boxes) == len(words) else 0
                     found.append((line, words, turn, tag_boxes))
             pars.append(found)
         # tesseract reads a block one way: a line of one word, which cannot tell, goes with it
