@@ -5,8 +5,10 @@ Its test counts ascenders against descenders in the page's text lines, at 0 and 
 with morphology on a 1-bit copy: about 20 ms for a US-Letter page at 192 dpi, against ~0.6 s
 for tesseract's OSD, which classifies characters (``bench/orientation.py`` measures both). It
 either decides (``makeOrientDecision``'s own thresholds) or says it cannot; ``scan.orientation``
-asks tesseract only then. The test at 90 degrees is half the cost and is skipped when the one at
-0 degrees alone is beyond doubt (``UP_DOWN_BEYOND_DOUBT``): most pages of a feed lie upright.
+asks tesseract only then. Each of its two tests (across the page, and turned 90 degrees) is about
+half the cost; the one along the page's text lines runs first (``_lines_run_across``: which way
+the blank gaps between lines run), and the other is skipped when the first alone is beyond doubt
+(``BEYOND_DOUBT``): a page of print, upright or lying sideways, costs one test.
 
 It runs here, not in a child: its input is the page image chandrad itself rendered and
 binarised (a well-formed 1-bit pix of bounded size), not the untrusted file, and ctypes lets
@@ -31,14 +33,17 @@ _TURN_OF = {1: 0, 2: 90, 3: 180, 4: 270}
 _SEVERITY_NONE = 6  # L_SEVERITY_NONE: its own messages would go to stderr, the daemon's log
 # Darker than this (of 255) is ink in the 1-bit copy: pixConvertTo1's own default threshold.
 INK_BELOW = 128
-# makeOrientDecision turns a page upright or upside down when |up| >= 8 and >= 2.5 x |left|.
-# Leptonica's notes call the up/down signal of text lying sideways "relatively weak"; on the
-# corpus (bench/orientation.py, 19 pages turned four ways) it never passed 7 in size, while
-# upright pages of ordinary print gave 11-39. At 20 the sideways test could overturn the answer
-# only for a |left| of 50 or more, i.e. only on a page holding as much sideways text as the most
-# text-heavy upright page holds upright text, and more (the measure grows as the square root of
-# the count); below 20 both tests run, as before.
-UP_DOWN_BEYOND_DOUBT = 20.0
+# makeOrientDecision turns a page upright or upside down when |up| >= 8 and >= 2.5 x |left|, and
+# sideways alike with the two swapped. Leptonica's notes call the up/down signal of text lying
+# across the test's direction "relatively weak"; on the corpus (bench/orientation.py, 19 pages
+# turned four ways) it never passed 7 in size, while ordinary print tested along its lines gave
+# 11-39. At 20 the other test could overturn the answer only with 50 or more, i.e. only on a
+# page holding as much text the other way as the most text-heavy page of the corpus holds, and
+# more (the measure grows as the square root of the count); below 20 both tests run.
+BEYOND_DOUBT = 20.0
+# Every 4th row and column of the 1-bit page are enough to see which way the gaps between
+# lines of text run (a line of 10 pt print at 192 dpi is ~25 rows tall).
+_GAPS_SAMPLE = 4
 
 
 @functools.cache
@@ -103,10 +108,30 @@ def available() -> bool:
     return _library() is not None
 
 
-def _words(grey: Image.Image) -> tuple[np.ndarray, int]:
-    """A 1-bit copy of ``grey`` (1 = ink) laid out as a pix's data: rows of 32-bit words in the
+def _ink(grey: Image.Image) -> np.ndarray:
+    """Where ``grey`` is ink, as Leptonica's 1-bit copy of it would say."""
+    return np.asarray(grey) < INK_BELOW
+
+
+def _lines_run_across(ink: np.ndarray) -> bool:
+    """Whether the page's lines of text seem to run across it (upright or upside down) rather than
+    down it (lying sideways): between the first and the last inked row, lines leave blank rows
+    where a page lying sideways leaves blank columns. Only chooses which test runs first, never
+    the answer: a page that looks neither way (a photo, a table) is taken as across."""
+
+    def blank_share(inked: np.ndarray) -> float:
+        where = np.flatnonzero(inked)
+        if where.size == 0:
+            return 0.0
+        return 1.0 - float(inked[where[0] : where[-1] + 1].mean())
+
+    sample = ink[::_GAPS_SAMPLE, ::_GAPS_SAMPLE]
+    return blank_share(np.asarray(sample.any(axis=1))) >= blank_share(np.asarray(sample.any(axis=0)))
+
+
+def _words(ink: np.ndarray) -> tuple[np.ndarray, int]:
+    """``ink`` (``_ink``: True = ink) laid out as a 1-bit pix's data: rows of 32-bit words in the
     machine's byte order, each word's first pixel in its most significant bit; and the words a row."""
-    ink = np.asarray(grey) < INK_BELOW
     height, width = ink.shape
     words_per_row = (width + 31) // 32
     rows = np.zeros((height, words_per_row * 4), np.uint8)
@@ -121,7 +146,8 @@ def text_orientation(grey: Image.Image) -> TextOrientation | None:
     lib = _library()
     if lib is None or grey.width < 32 or grey.height < 32:
         return None
-    data, words_per_row = _words(grey)
+    ink = _ink(grey)
+    data, words_per_row = _words(ink)
     pix = ctypes.c_void_p(lib.pixCreate(grey.width, grey.height, 1))
     if not pix.value:
         return None
@@ -130,11 +156,15 @@ def text_orientation(grey: Image.Image) -> TextOrientation | None:
             return None
         ctypes.memmove(lib.pixGetData(pix), data.ctypes.data, data.nbytes)
         up, left = ctypes.c_float(), ctypes.c_float()
-        if lib.pixOrientDetect(pix, ctypes.byref(up), None, 0, 0) != 0:
+        across = _lines_run_across(ink)
+        first, second = (up, left) if across else (left, up)
+        if _test(lib, pix, first, across=across) != 0:
             return None
-        if abs(up.value) >= UP_DOWN_BEYOND_DOUBT:
-            return TextOrientation(0 if up.value > 0 else 180, round(abs(up.value), 2))
-        if lib.pixOrientDetect(pix, None, ctypes.byref(left), 0, 0) != 0:
+        if abs(first.value) >= BEYOND_DOUBT:
+            # makeOrientDecision's UP / DOWN from "up", LEFT / RIGHT from "left"
+            turn = (0 if first.value > 0 else 180) if across else (90 if first.value > 0 else 270)
+            return TextOrientation(turn, round(abs(first.value), 2))
+        if _test(lib, pix, second, across=not across) != 0:
             return None
         if up.value == 0.0 and left.value == 0.0:
             return TextOrientation(None, text_found=False)
@@ -145,3 +175,11 @@ def text_orientation(grey: Image.Image) -> TextOrientation | None:
     finally:
         lib.pixDestroy(ctypes.byref(pix))
     return TextOrientation(_TURN_OF.get(decided.value), round(max(abs(up.value), abs(left.value)), 2))
+
+
+def _test(lib: ctypes.CDLL, pix: ctypes.c_void_p, measure: ctypes.c_float, *, across: bool) -> int:
+    """One of ``pixOrientDetect``'s two tests into ``measure``: across the page as it lies (its
+    "up" measure), or on the page turned 90 degrees (its "left" measure)."""
+    if across:
+        return int(lib.pixOrientDetect(pix, ctypes.byref(measure), None, 0, 0))
+    return int(lib.pixOrientDetect(pix, None, ctypes.byref(measure), 0, 0))
