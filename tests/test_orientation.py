@@ -222,6 +222,22 @@ def test_leptonica_runs_one_test_for_a_page_of_print_either_way_up_with_the_answ
 
 
 @pytest.mark.skipif(not leptonica.available(), reason="Leptonica (liblept5) is not installed")
+def test_a_wrong_guess_of_the_lines_direction_costs_a_test_never_the_answer(monkeypatch):
+    real_guess = leptonica._lines_run_across
+    monkeypatch.setattr(leptonica, "_lines_run_across", lambda ink: not real_guess(ink))
+    for name in ("linn.pdf", "c02-22.pdf", "typewriter.png"):
+        grey = _page_image(name).convert("L")
+        for angle in (0, 90, 180, 270):
+            turned = grey.rotate(angle, expand=True)
+            answer = leptonica.text_orientation(turned)
+            assert answer is not None and answer.text_found, (name, angle)
+            decided = None if answer.turn is None else (answer.turn, answer.confidence)
+            assert decided == _both_tests_decision(turned), (name, angle)
+            if name == "linn.pdf":
+                assert decided is not None and decided[0] == angle, (angle, decided)
+
+
+@pytest.mark.skipif(not leptonica.available(), reason="Leptonica (liblept5) is not installed")
 def test_a_page_where_leptonica_finds_no_text_is_left_as_it_is_without_asking_tesseract(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")  # a tesseract run would fail: "not installed"
     # lichtenstein: a photograph, no line of text; tesseract answered it at 1.4-1.8 (below the

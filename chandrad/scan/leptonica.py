@@ -8,7 +8,7 @@ either decides (``makeOrientDecision``'s own thresholds) or says it cannot; ``sc
 asks tesseract only then. Each of its two tests (across the page, and turned 90 degrees) is about
 half the cost; the one along the page's text lines runs first (``_lines_run_across``: which way
 the blank gaps between lines run), and the other is skipped when the first alone is beyond doubt
-(``BEYOND_DOUBT``): a page of print, upright or lying sideways, costs one test.
+(``BEYOND_DOUBT``): a page of dense print, upright or lying sideways, costs one test.
 
 It runs here, not in a child: its input is the page image chandrad itself rendered and
 binarised (a well-formed 1-bit pix of bounded size), not the untrusted file, and ctypes lets
@@ -33,7 +33,7 @@ _TURN_OF = {1: 0, 2: 90, 3: 180, 4: 270}
 _SEVERITY_NONE = 6  # L_SEVERITY_NONE: its own messages would go to stderr, the daemon's log
 # Darker than this (of 255) is ink in the 1-bit copy: pixConvertTo1's own default threshold.
 INK_BELOW = 128
-# makeOrientDecision turns a page upright or upside down when |up| >= 8 and >= 2.5 x |left|, and
+# makeOrientDecision turns a page upright or upside down when |up| > 8 and > 2.5 x |left|, and
 # sideways alike with the two swapped. Leptonica's notes call the up/down signal of text lying
 # across the test's direction "relatively weak"; on the corpus (bench/orientation.py, 19 pages
 # turned four ways) it never passed 7 in size, while ordinary print tested along its lines gave
@@ -116,8 +116,10 @@ def _ink(grey: Image.Image) -> np.ndarray:
 def _lines_run_across(ink: np.ndarray) -> bool:
     """Whether the page's lines of text seem to run across it (upright or upside down) rather than
     down it (lying sideways): between the first and the last inked row, lines leave blank rows
-    where a page lying sideways leaves blank columns. Only chooses which test runs first, never
-    the answer: a page that looks neither way (a photo, a table) is taken as across."""
+    where a page lying sideways leaves blank columns. It only chooses which test runs first: the
+    answer is the one both tests give, except on a page where both measures pass
+    ``BEYOND_DOUBT`` (text tested across its lines stayed under 8 on the corpus), where the first
+    decides. A page with no lines to see either way (a photo) is taken as across."""
 
     def blank_share(inked: np.ndarray) -> float:
         where = np.flatnonzero(inked)
@@ -169,7 +171,7 @@ def text_orientation(grey: Image.Image) -> TextOrientation | None:
         if up.value == 0.0 and left.value == 0.0:
             return TextOrientation(None, text_found=False)
         decided = ctypes.c_int(0)
-        # 0, 0: Leptonica's own thresholds (a confidence of 8 at least, 2.5 times the other's).
+        # 0, 0: Leptonica's own thresholds (a confidence over 8, over 2.5 times the other's).
         if lib.makeOrientDecision(up, left, 0.0, 0.0, ctypes.byref(decided), 0) != 0:
             return None
     finally:
