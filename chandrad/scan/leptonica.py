@@ -157,18 +157,19 @@ def text_orientation(grey: Image.Image) -> TextOrientation | None:
         if lib.pixGetWpl(pix) != words_per_row:
             return None
         ctypes.memmove(lib.pixGetData(pix), data.ctypes.data, data.nbytes)
-        up, left = ctypes.c_float(), ctypes.c_float()
         across = _lines_run_across(ink)
-        first, second = (up, left) if across else (left, up)
-        if _test(lib, pix, first, across=across) != 0:
+        first = _measure(lib, pix, across=across)
+        if first is None:
             return None
-        if abs(first.value) >= BEYOND_DOUBT:
+        if abs(first) >= BEYOND_DOUBT:
             # makeOrientDecision's UP / DOWN from "up", LEFT / RIGHT from "left"
-            turn = (0 if first.value > 0 else 180) if across else (90 if first.value > 0 else 270)
-            return TextOrientation(turn, round(abs(first.value), 2))
-        if _test(lib, pix, second, across=not across) != 0:
+            turn = (0 if first > 0 else 180) if across else (90 if first > 0 else 270)
+            return TextOrientation(turn, round(abs(first), 2))
+        second = _measure(lib, pix, across=not across)
+        if second is None:
             return None
-        if up.value == 0.0 and left.value == 0.0:
+        up, left = (first, second) if across else (second, first)
+        if up == 0.0 and left == 0.0:
             return TextOrientation(None, text_found=False)
         decided = ctypes.c_int(0)
         # 0, 0: Leptonica's own thresholds (a confidence over 8, over 2.5 times the other's).
@@ -176,12 +177,15 @@ def text_orientation(grey: Image.Image) -> TextOrientation | None:
             return None
     finally:
         lib.pixDestroy(ctypes.byref(pix))
-    return TextOrientation(_TURN_OF.get(decided.value), round(max(abs(up.value), abs(left.value)), 2))
+    return TextOrientation(_TURN_OF.get(decided.value), round(max(abs(up), abs(left)), 2))
 
 
-def _test(lib: ctypes.CDLL, pix: ctypes.c_void_p, measure: ctypes.c_float, *, across: bool) -> int:
-    """One of ``pixOrientDetect``'s two tests into ``measure``: across the page as it lies (its
-    "up" measure), or on the page turned 90 degrees (its "left" measure)."""
+def _measure(lib: ctypes.CDLL, pix: ctypes.c_void_p, *, across: bool) -> float | None:
+    """One of ``pixOrientDetect``'s two tests: its "up" measure across the page as it lies, or
+    its "left" measure on the page turned 90 degrees; None where Leptonica failed."""
+    measure = ctypes.c_float()
     if across:
-        return int(lib.pixOrientDetect(pix, ctypes.byref(measure), None, 0, 0))
-    return int(lib.pixOrientDetect(pix, None, ctypes.byref(measure), 0, 0))
+        failed = lib.pixOrientDetect(pix, ctypes.byref(measure), None, 0, 0)
+    else:
+        failed = lib.pixOrientDetect(pix, None, ctypes.byref(measure), 0, 0)
+    return None if failed else measure.value
